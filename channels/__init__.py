@@ -1,0 +1,1 @@
+"""Channel adapters: each platform event becomes an InboundMessage; replies leave as OutboundMessage."""

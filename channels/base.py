@@ -1,0 +1,122 @@
+"""The channel seam: normalized inbound/outbound messages and the Channel protocol.
+
+Adapters stay thin: SDK event -> `InboundMessage`; `OutboundMessage` -> SDK call. Nothing
+platform-specific travels past this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+ChatType = Literal["direct", "group", "channel", "thread"]
+
+
+@dataclass(frozen=True, slots=True)
+class InboundMessage:
+    """One message from a person, normalized across platforms."""
+
+    platform: str
+    chat_type: ChatType
+    chat_id: str
+    sender_id: str
+    text: str
+    account: str = "default"
+    thread_id: str | None = None
+    sender_name: str | None = None
+    was_mentioned: bool = False
+    reply_to: str | None = None
+    attachments: tuple[dict[str, Any], ...] = ()
+    platform_message_id: str | None = None
+    timestamp: float = field(default_factory=time.time)
+
+    @property
+    def is_direct(self) -> bool:
+        return self.chat_type == "direct"
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundMessage:
+    """A reply addressed to the chat (and thread) an inbound message came from."""
+
+    platform: str
+    chat_id: str
+    text: str
+    session_key: str
+    thread_id: str | None = None
+    reply_to: str | None = None
+    account: str = "default"
+    answers: tuple[str, ...] = ()
+    """Platform message ids this reply answers (several when messages were collected)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelCapabilities:
+    max_message_chars: int = 4000
+    threads: bool = False
+    edits: bool = False
+    typing: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class InboundResult:
+    """What the gateway did with an inbound message."""
+
+    session_key: str | None
+    accepted: bool
+    duplicate: bool = False
+    reason: str | None = None
+
+
+InboundHandler = Callable[[InboundMessage], Awaitable[InboundResult]]
+
+
+class ReplyWaiters:
+    """Lets a request/response channel (console, webchat) wait for the reply to its message.
+
+    The gateway answers asynchronously through `Channel.send`; the waiter for each platform
+    message id named in `OutboundMessage.answers` is resolved with the reply text.
+    """
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, asyncio.Future[list[str]]] = {}
+
+    def expect(self, message_id: str) -> asyncio.Future[list[str]]:
+        future: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+        self._waiting[message_id] = future
+        return future
+
+    def forget(self, message_id: str) -> None:
+        self._waiting.pop(message_id, None)
+
+    def resolve(self, message: OutboundMessage) -> None:
+        ids = message.answers or ((message.reply_to,) if message.reply_to else ())
+        for message_id in ids:
+            future = self._waiting.pop(message_id, None)
+            if future is not None and not future.done():
+                future.set_result([message.text])
+
+    def fail_all(self, reason: str) -> None:
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(ConnectionAbortedError(reason))
+                # Nobody may be awaiting it any more; don't warn about an unretrieved error.
+                future.add_done_callback(lambda f: f.exception())
+        self._waiting.clear()
+
+
+@runtime_checkable
+class Channel(Protocol):
+    """What the gateway needs from a platform adapter."""
+
+    name: str
+    capabilities: ChannelCapabilities
+
+    async def start(self, on_message: InboundHandler) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def send(self, message: OutboundMessage) -> None: ...

@@ -1,0 +1,1 @@
+"""The context engine: keeps each session inside the model's window. Pure: no I/O."""

@@ -1,0 +1,116 @@
+"""The Gateway: wires config, store, session keys, lanes, runner and channels together."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from channels.base import Channel, InboundMessage, InboundResult, OutboundMessage
+from gateway.config import Config
+from gateway.engines import load_engine
+from gateway.llm import NOT_CONFIGURED, LLMProvider
+from gateway.queue import LanesClosedError, SessionLanes
+from gateway.runner import Runner
+from gateway.sessions import SessionKeyer
+from gateway.store import SessionInfo, Store
+from gateway.text import clean_text
+from gateway.tools import ToolRegistry, default_registry
+from memory.workspace import ensure_workspace
+
+log = logging.getLogger(__name__)
+
+
+class Gateway:
+    def __init__(self, config: Config, tools: ToolRegistry | None = None) -> None:
+        self.config = config
+        self.store = Store(config.database_url)
+        self.keyer = SessionKeyer(config.sessions, config.gateway.agent)
+        self.llm = LLMProvider(config.llm)
+        self.engine = load_engine(config.context.engine)
+        self.channels: dict[str, Channel] = {}
+        self.runner = Runner(
+            config, self.store, self.engine, self.llm, tools or default_registry(), self.deliver
+        )
+        self.lanes = SessionLanes(self.runner.run_turn, config.gateway.max_concurrent_turns)
+        self._started = False
+
+    def add_channel(self, channel: Channel) -> None:
+        self.channels[channel.name] = channel
+
+    async def start(self) -> None:
+        """Open the store and workspace, start channels, resume any unanswered messages."""
+        ensure_workspace(self.config.workspace)
+        await self.store.init()
+        if not self.llm.configured:
+            log.warning(NOT_CONFIGURED)
+        for channel in self.channels.values():
+            await channel.start(self.handle_inbound)
+        self._started = True
+        for session in await self.store.sessions_with_pending():
+            log.info("resuming unanswered messages in %s", session.key)
+            self.lanes.notify(session.key)
+
+    async def stop(self, grace: float = 10.0) -> None:
+        """Finish in-flight turns (or record them as interrupted), then close everything."""
+        await self.lanes.close(grace)
+        for channel in self.channels.values():
+            try:
+                await channel.stop()
+            except Exception:
+                log.exception("channel %s failed to stop", channel.name)
+        await self.llm.close()
+        await self.store.close()
+        self._started = False
+
+    async def handle_inbound(self, msg: InboundMessage) -> InboundResult:
+        """Persist first, then wake the session's lane. Bad input gets a polite answer."""
+        text, problem = clean_text(msg.text, self.config.gateway.max_message_chars)
+        key = self.keyer.key_for(msg)
+        if problem is not None:
+            await self._reply_directly(msg, key, problem)
+            return InboundResult(key, accepted=False, reason=problem)
+        msg = replace(msg, text=text)
+        session = await self.store.ensure_session(
+            SessionInfo(
+                key=key,
+                agent=self.config.gateway.agent,
+                platform=msg.platform,
+                chat_type=msg.chat_type,
+                chat_id=msg.chat_id,
+                thread_id=msg.thread_id,
+                account=msg.account,
+            )
+        )
+        assert session.id is not None
+        row = await self.store.persist_inbound(session.id, msg)
+        if row is None:
+            return InboundResult(key, accepted=False, duplicate=True, reason="duplicate message")
+        try:
+            self.lanes.notify(key)
+        except LanesClosedError:
+            # Persisted: it will be answered when the gateway starts again.
+            return InboundResult(key, accepted=False, reason="the gateway is shutting down")
+        return InboundResult(key, accepted=True)
+
+    async def _reply_directly(self, msg: InboundMessage, key: str, text: str) -> None:
+        await self.deliver(
+            OutboundMessage(
+                platform=msg.platform,
+                chat_id=msg.chat_id,
+                thread_id=msg.thread_id,
+                text=text,
+                session_key=key,
+                reply_to=msg.platform_message_id,
+                answers=(msg.platform_message_id,) if msg.platform_message_id else (),
+            )
+        )
+
+    async def deliver(self, message: OutboundMessage) -> None:
+        channel = self.channels.get(message.platform)
+        if channel is None:
+            log.error("no channel %r to deliver a reply for %s", message.platform, message.session_key)
+            return
+        try:
+            await channel.send(message)
+        except Exception:
+            log.exception("delivery failed on %s for %s", message.platform, message.session_key)

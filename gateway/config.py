@@ -1,0 +1,301 @@
+"""Configuration: `gatehouse.toml`, validated by pydantic, secrets from `${ENV_VAR}`.
+
+Lookup order: `--config PATH`, then `$GATEHOUSE_CONFIG`, then `./gatehouse.toml`. Unknown keys and
+bad values are rejected with the exact dotted key and the file named, so a typo never silently
+falls back to a default.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+CONFIG_ENV = "GATEHOUSE_CONFIG"
+DEFAULT_CONFIG_NAME = "gatehouse.toml"
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class ConfigError(Exception):
+    """A configuration problem, phrased for the person who edits the file."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class GatewaySection(_Strict):
+    data_dir: Path = Path("./data")
+    database_url: str | None = Field(
+        default=None, description="Default: sqlite+aiosqlite:///<data_dir>/gatehouse.db"
+    )
+    workspace: Path | None = Field(default=None, description="Default: <data_dir>/workspace")
+    timezone: str = "UTC"
+    agent: str = "main"
+    max_concurrent_turns: int = Field(default=8, ge=1, le=1024)
+    system_prompt: str = "You are a helpful assistant."
+    max_message_chars: int = Field(default=100_000, ge=1, description="longer inbound is refused")
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_timezone(cls, value: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"unknown timezone {value!r} (use an IANA name)") from exc
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _supported_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.startswith(("sqlite+aiosqlite://", "postgresql+asyncpg://")):
+            raise ValueError(
+                "database_url must start with sqlite+aiosqlite:// or postgresql+asyncpg://"
+            )
+        return value
+
+
+class LLMSection(_Strict):
+    base_url: str | None = None
+    api_key: str | None = None
+    model: str = "gpt-4o-mini"
+    timeout: float = Field(default=60.0, gt=0)
+    max_retries: int = Field(default=2, ge=0, le=10)
+    stream: bool = True
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    max_tool_rounds: int = Field(default=8, ge=1, le=64)
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.base_url or self.api_key)
+
+
+class WebSection(_Strict):
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = Field(default=8787, ge=0, le=65535)
+
+
+DmScope = Literal["main", "per-peer", "per-channel-peer", "per-account-channel-peer"]
+
+
+class SessionsSection(_Strict):
+    dm_scope: DmScope = "per-channel-peer"
+    per_user_in_groups: bool = False
+    identity_links: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description='canonical person id -> ["telegram:123", "slack:U42", ...]',
+    )
+
+    @field_validator("identity_links")
+    @classmethod
+    def _links_are_platform_ids(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        seen: dict[str, str] = {}
+        for person, ids in value.items():
+            for ident in ids:
+                if ":" not in ident or not ident.split(":", 1)[1]:
+                    raise ValueError(f"{person}: {ident!r} must look like 'platform:user_id'")
+                if ident in seen and seen[ident] != person:
+                    raise ValueError(f"{ident!r} is linked to both {seen[ident]!r} and {person!r}")
+                seen[ident] = person
+        return value
+
+
+class HistoryOverride(_Strict):
+    history_limit: int | None = Field(default=None, ge=0)
+
+
+DmPolicy = Literal["pairing", "allowlist", "open", "disabled"]
+
+
+class ChannelSection(_Strict):
+    """Keys every channel shares: enablement, access policy and history limits."""
+
+    enabled: bool = False
+    history_limit: int | None = Field(default=None, ge=0, description="groups/channels/threads")
+    dm_history_limit: int | None = Field(default=None, ge=0)
+    dms: dict[str, HistoryOverride] = Field(default_factory=dict)
+    groups: dict[str, HistoryOverride] = Field(default_factory=dict)
+    dm_policy: DmPolicy = "pairing"
+    allow_from: list[str] = Field(default_factory=list)
+    group_allowlist: list[str] = Field(default_factory=list)
+    require_mention: bool = True
+    group_buffer: int = Field(default=50, ge=0)
+
+
+class ConsoleChannel(ChannelSection):
+    enabled: bool = True
+    dm_policy: DmPolicy = "open"
+
+
+class WebchatChannel(ChannelSection):
+    enabled: bool = True
+    dm_policy: DmPolicy = "open"
+
+
+class TelegramChannel(ChannelSection):
+    token: str | None = None
+    base_url: str | None = Field(default=None, description="a self-hosted Bot API server")
+    mode: Literal["polling", "webhook"] = "polling"
+    webhook_url: str | None = None
+    webhook_secret: str | None = None
+
+
+class SlackChannel(ChannelSection):
+    bot_token: str | None = None
+    app_token: str | None = None
+    signing_secret: str | None = None
+    mode: Literal["socket", "http"] = "socket"
+    base_url: str | None = None
+    channels: dict[str, HistoryOverride] = Field(default_factory=dict)
+
+
+class DiscordChannel(ChannelSection):
+    token: str | None = None
+    api_base_url: str | None = None
+    gateway_url: str | None = None
+    shard_count: int | None = Field(default=None, ge=1)
+    shard_ids: list[int] | None = None
+    channels: dict[str, HistoryOverride] = Field(default_factory=dict)
+
+
+class ChannelsSection(_Strict):
+    console: ConsoleChannel = Field(default_factory=ConsoleChannel)
+    webchat: WebchatChannel = Field(default_factory=WebchatChannel)
+    telegram: TelegramChannel = Field(default_factory=TelegramChannel)
+    slack: SlackChannel = Field(default_factory=SlackChannel)
+    discord: DiscordChannel = Field(default_factory=DiscordChannel)
+
+    def get(self, name: str) -> ChannelSection:
+        section = getattr(self, name, None)
+        if not isinstance(section, ChannelSection):
+            raise KeyError(f"unknown channel {name!r}")
+        return section
+
+
+class ContextSection(_Strict):
+    engine: str = "default"
+    history_limit: int = Field(default=0, ge=0, description="0 means unlimited")
+
+
+class ModelSection(_Strict):
+    context_window: int | None = Field(default=None, ge=1)
+
+
+class AgentSection(_Strict):
+    max_context_tokens: int | None = Field(default=None, ge=1)
+
+
+class Config(_Strict):
+    gateway: GatewaySection = Field(default_factory=GatewaySection)
+    llm: LLMSection = Field(default_factory=LLMSection)
+    web: WebSection = Field(default_factory=WebSection)
+    sessions: SessionsSection = Field(default_factory=SessionsSection)
+    channels: ChannelsSection = Field(default_factory=ChannelsSection)
+    context: ContextSection = Field(default_factory=ContextSection)
+    models: dict[str, ModelSection] = Field(default_factory=dict)
+    agent: AgentSection = Field(default_factory=AgentSection)
+
+    source: Path | None = Field(default=None, exclude=True)
+
+    @property
+    def data_dir(self) -> Path:
+        return self._resolve(self.gateway.data_dir)
+
+    @property
+    def workspace(self) -> Path:
+        return self._resolve(self.gateway.workspace or self.gateway.data_dir / "workspace")
+
+    @property
+    def database_url(self) -> str:
+        if self.gateway.database_url:
+            return self.gateway.database_url
+        return f"sqlite+aiosqlite:///{self.data_dir / 'gatehouse.db'}"
+
+    def channel(self, name: str) -> ChannelSection:
+        return self.channels.get(name)
+
+    def _resolve(self, path: Path) -> Path:
+        path = path.expanduser()
+        if not path.is_absolute() and self.source is not None:
+            path = self.source.parent / path
+        return path.resolve()
+
+
+def interpolate_env(value: Any, env: dict[str, str] | None = None, where: str = "") -> Any:
+    """Replace `${NAME}` (or `${NAME:-default}`) in every string, recursively."""
+    env = dict(os.environ) if env is None else env
+    if isinstance(value, str):
+
+        def sub(match: re.Match[str]) -> str:
+            name, default = match.group(1), match.group(2)
+            if name in env:
+                return env[name]
+            if default is not None:
+                return default
+            raise ConfigError(f"{where or 'value'}: environment variable ${{{name}}} is not set")
+
+        return _ENV_REF.sub(sub, value)
+    if isinstance(value, dict):
+        return {k: interpolate_env(v, env, f"{where}.{k}" if where else k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate_env(v, env, f"{where}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+def _format_validation_error(exc: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid configuration"]
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            lines.append(f"  {loc}: unknown key")
+        else:
+            shown = err.get("input")
+            value = f" (got {shown!r})" if not isinstance(shown, dict | list) else ""
+            lines.append(f"  {loc}: {err['msg']}{value}")
+    return "\n".join(lines)
+
+
+def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
+    data = interpolate_env(data)
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, source)) from None
+    return config
+
+
+def find_config_path(explicit: Path | None = None) -> Path | None:
+    if explicit is not None:
+        return explicit
+    env = os.environ.get(CONFIG_ENV)
+    if env:
+        return Path(env)
+    local = Path.cwd() / DEFAULT_CONFIG_NAME
+    return local if local.exists() else None
+
+
+def load_config(explicit: Path | None = None) -> Config:
+    """Load and validate the config; with no file anywhere, return the defaults."""
+    path = find_config_path(explicit)
+    if path is None:
+        return Config()
+    if not path.exists():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not valid UTF-8") from None
+    config = parse_config(data, str(path))
+    config.source = path.resolve()
+    return config

@@ -1,0 +1,31 @@
+"""Context engines by name, through the `gatehouse.context_engines` entry points."""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+
+from context.engine import ContextEngine, FullHistoryEngine
+
+GROUP = "gatehouse.context_engines"
+_BUILTIN: dict[str, type] = {"default": FullHistoryEngine, "full-history": FullHistoryEngine}
+
+
+def available_engines() -> list[str]:
+    return sorted({*_BUILTIN, *(ep.name for ep in entry_points(group=GROUP))})
+
+
+def load_engine(name: str) -> ContextEngine:
+    for ep in entry_points(group=GROUP):
+        if ep.name == name:
+            engine = ep.load()()
+            break
+    else:
+        if name not in _BUILTIN:
+            raise ValueError(
+                f"[context] engine = {name!r} is not installed; available: "
+                + ", ".join(available_engines())
+            )
+        engine = _BUILTIN[name]()
+    if not isinstance(engine, ContextEngine):
+        raise TypeError(f"context engine {name!r} does not implement the ContextEngine protocol")
+    return engine

@@ -1,0 +1,234 @@
+"""The LLM provider: the openai SDK against any OpenAI-compatible endpoint.
+
+The SDK already retries 429/5xx with backoff and honours retry-after; the gateway adds what the
+SDK leaves out: a bounded retry for timeouts and stalled streams, validation of what comes back,
+and one user-facing sentence for each way a call can fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import openai
+
+from context.types import Message, ToolCall
+from gateway.config import LLMSection
+
+log = logging.getLogger(__name__)
+
+NOT_CONFIGURED = (
+    "No LLM endpoint is configured, so I can't answer yet. Set [llm] base_url, api_key and model "
+    "in gatehouse.toml (any OpenAI-compatible server: OpenAI, Ollama, vLLM, llama.cpp), then "
+    "restart the gateway."
+)
+
+
+class LLMError(Exception):
+    """A failed model call, with a message that can be shown to the user as it is."""
+
+    def __init__(self, user_message: str, *, kind: str, detail: str = "") -> None:
+        super().__init__(f"{kind}: {detail or user_message}")
+        self.user_message = user_message
+        self.kind = kind
+        self.detail = detail
+
+
+class ContextOverflowError(LLMError):
+    """The provider said the prompt is larger than the model's window."""
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    message: Message
+    usage: Usage
+    finish_reason: str | None = None
+
+
+class LLMProvider:
+    def __init__(self, settings: LLMSection) -> None:
+        self.settings = settings
+        self.model = settings.model
+        self._client: openai.AsyncOpenAI | None = None
+        if settings.configured:
+            self._client = openai.AsyncOpenAI(
+                base_url=settings.base_url,
+                api_key=settings.api_key or "not-needed",
+                timeout=settings.timeout,
+                max_retries=settings.max_retries,
+            )
+
+    @property
+    def configured(self) -> bool:
+        return self._client is not None
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+    async def complete(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] = (),
+        *,
+        stream: bool | None = None,
+        model: str | None = None,
+    ) -> Completion:
+        if self._client is None:
+            raise LLMError(NOT_CONFIGURED, kind="not_configured")
+        stream = self.settings.stream if stream is None else stream
+        kwargs: dict[str, Any] = {
+            "model": model or self.model,
+            "messages": [m.to_openai() for m in messages],
+        }
+        if tools:
+            kwargs["tools"] = list(tools)
+        if self.settings.temperature is not None:
+            kwargs["temperature"] = self.settings.temperature
+        # The SDK retries 429/5xx itself; timeouts of a stalled stream are ours to retry.
+        attempts = self.settings.max_retries + 1
+        for attempt in range(1, attempts + 1):
+            try:
+                if stream:
+                    return await self._stream(kwargs)
+                return await self._plain(kwargs)
+            except (openai.APITimeoutError, TimeoutError) as exc:
+                log.warning("LLM call timed out (attempt %d/%d): %s", attempt, attempts, exc)
+                if attempt == attempts:
+                    raise LLMError(
+                        f"The model did not answer within {self.settings.timeout:g} s "
+                        f"({attempts} attempts). Please try again in a moment.",
+                        kind="timeout",
+                    ) from exc
+            except openai.BadRequestError as exc:
+                if _is_context_overflow(exc):
+                    raise ContextOverflowError(
+                        "The conversation is larger than the model's context window.",
+                        kind="context_overflow",
+                        detail=str(exc),
+                    ) from exc
+                raise LLMError(
+                    "The model endpoint rejected the request (400). The details are in the "
+                    "gateway log.",
+                    kind="bad_request",
+                    detail=str(exc),
+                ) from exc
+            except openai.RateLimitError as exc:
+                raise LLMError(
+                    "The model is rate-limited right now. Please try again in a minute.",
+                    kind="rate_limited",
+                    detail=str(exc),
+                ) from exc
+            except openai.AuthenticationError as exc:
+                raise LLMError(
+                    "The model endpoint refused the API key. Check [llm] api_key.",
+                    kind="auth",
+                    detail=str(exc),
+                ) from exc
+            except openai.APIStatusError as exc:
+                raise LLMError(
+                    f"The model endpoint failed ({exc.status_code}). Please try again shortly.",
+                    kind="server_error",
+                    detail=str(exc),
+                ) from exc
+            except openai.APIConnectionError as exc:
+                raise LLMError(
+                    "I can't reach the model endpoint. Is it running? Check [llm] base_url.",
+                    kind="connection",
+                    detail=str(exc),
+                ) from exc
+            except (openai.APIResponseValidationError, json.JSONDecodeError, ValueError) as exc:
+                if attempt == attempts:
+                    raise LLMError(
+                        "The model endpoint sent a malformed response. Please try again.",
+                        kind="malformed",
+                        detail=str(exc),
+                    ) from exc
+                log.warning("malformed LLM response (attempt %d/%d): %s", attempt, attempts, exc)
+        raise AssertionError("unreachable")
+
+    async def _plain(self, kwargs: dict[str, Any]) -> Completion:
+        assert self._client is not None
+        response = await self._client.chat.completions.create(**kwargs)
+        choices = getattr(response, "choices", None)
+        if not choices:
+            raise ValueError("response has no choices")
+        choice = choices[0]
+        raw = choice.message
+        calls = tuple(
+            ToolCall(id=tc.id, name=tc.function.name, arguments=tc.function.arguments or "{}")
+            for tc in raw.tool_calls or ()
+            if getattr(tc, "function", None) is not None
+        )
+        usage = response.usage
+        return Completion(
+            message=Message(role="assistant", content=raw.content, tool_calls=calls),
+            usage=Usage(
+                usage.prompt_tokens if usage else None, usage.completion_tokens if usage else None
+            ),
+            finish_reason=choice.finish_reason,
+        )
+
+    async def _stream(self, kwargs: dict[str, Any]) -> Completion:
+        assert self._client is not None
+        stream = await self._client.chat.completions.create(
+            **kwargs, stream=True, stream_options={"include_usage": True}
+        )
+        text: list[str] = []
+        calls: dict[int, dict[str, str]] = {}
+        usage = Usage()
+        finish: str | None = None
+        iterator = stream.__aiter__()
+        try:
+            while True:
+                try:
+                    chunk = await asyncio.wait_for(
+                        iterator.__anext__(), timeout=self.settings.timeout
+                    )
+                except StopAsyncIteration:
+                    break
+                if chunk.usage is not None:
+                    usage = Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
+                for choice in chunk.choices or ():
+                    delta = choice.delta
+                    if delta.content:
+                        text.append(delta.content)
+                    for tc in delta.tool_calls or ():
+                        slot = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
+                        if tc.id:
+                            slot["id"] = tc.id
+                        if tc.function is not None:
+                            slot["name"] += tc.function.name or ""
+                            slot["arguments"] += tc.function.arguments or ""
+                    if choice.finish_reason:
+                        finish = choice.finish_reason
+        finally:
+            await stream.close()
+        tool_calls = tuple(
+            ToolCall(id=c["id"], name=c["name"], arguments=c["arguments"] or "{}")
+            for _, c in sorted(calls.items())
+        )
+        content = "".join(text) if text or not tool_calls else None
+        return Completion(
+            message=Message(role="assistant", content=content, tool_calls=tool_calls),
+            usage=usage,
+            finish_reason=finish,
+        )
+
+
+def _is_context_overflow(exc: openai.BadRequestError) -> bool:
+    code = getattr(exc, "code", None)
+    if code == "context_length_exceeded":
+        return True
+    text = str(exc).lower()
+    return "maximum context length" in text or "context window" in text or "too many tokens" in text

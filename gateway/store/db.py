@@ -1,0 +1,306 @@
+"""The async store: one place for every read and write of sessions, messages and compactions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event, func, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlmodel import SQLModel, col, select
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from channels.base import InboundMessage
+from context.types import Message, ToolCall
+from gateway.store.models import CompactionRow, MessageRow, SessionRow, utcnow
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """Where a session lives; used when the session row is first created."""
+
+    key: str
+    agent: str = "main"
+    platform: str = ""
+    chat_type: str = ""
+    chat_id: str = ""
+    thread_id: str | None = None
+    account: str = "default"
+
+
+def row_to_message(row: MessageRow) -> Message:
+    calls = tuple(ToolCall.from_openai(tc) for tc in row.tool_calls or ())
+    return Message(
+        role=row.role,  # type: ignore[arg-type]
+        content=row.content,
+        tool_calls=calls,
+        tool_call_id=row.tool_call_id,
+        name=row.name,
+        seq=row.seq,
+        tokens=row.tokens,
+        meta={"id": row.id, "sender_id": row.sender_id, "status": row.status},
+    )
+
+
+class Store:
+    """SQLite (WAL) by default, PostgreSQL by URL; same models, same code."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine: AsyncEngine = create_async_engine(url, future=True)
+        if url.startswith("sqlite"):
+            event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
+        self._sessions = async_sessionmaker(
+            self.engine, class_=AsyncSession, expire_on_commit=False
+        )
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.url.startswith("sqlite")
+
+    async def init(self) -> None:
+        if self.is_sqlite:
+            path = self.url.split("///", 1)[-1]
+            if path and path != ":memory:":
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+        async with self.engine.begin() as conn:
+            await conn.run_sync(SQLModel.metadata.create_all)
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+    # -- sessions ---------------------------------------------------------------------------
+
+    async def get_session(self, key: str) -> SessionRow | None:
+        async with self._sessions() as db:
+            result = await db.exec(select(SessionRow).where(SessionRow.key == key))
+            return result.first()
+
+    async def ensure_session(self, info: SessionInfo) -> SessionRow:
+        existing = await self.get_session(info.key)
+        if existing is not None:
+            return existing
+        row = SessionRow(
+            key=info.key,
+            agent=info.agent,
+            platform=info.platform,
+            chat_type=info.chat_type,
+            chat_id=info.chat_id,
+            thread_id=info.thread_id,
+            account=info.account,
+        )
+        async with self._sessions() as db:
+            db.add(row)
+            try:
+                await db.commit()
+            except IntegrityError:
+                await db.rollback()
+                again = await self.get_session(info.key)
+                assert again is not None
+                return again
+            await db.refresh(row)
+            return row
+
+    async def list_sessions(self) -> list[SessionRow]:
+        async with self._sessions() as db:
+            result = await db.exec(select(SessionRow).order_by(col(SessionRow.updated_at).desc()))
+            return list(result.all())
+
+    async def sessions_with_pending(self) -> list[SessionRow]:
+        """Sessions with inbound messages no turn has answered yet (e.g. after a crash)."""
+        async with self._sessions() as db:
+            pending = select(MessageRow.session_id).where(col(MessageRow.handled).is_(False))
+            result = await db.exec(select(SessionRow).where(col(SessionRow.id).in_(pending)))
+            return list(result.all())
+
+    async def record_usage(
+        self, session_id: int, prompt_tokens: int | None, completion_tokens: int | None
+    ) -> None:
+        values: dict[str, Any] = {"updated_at": utcnow(), "turns": SessionRow.turns + 1}
+        if prompt_tokens is not None:
+            values["last_prompt_tokens"] = prompt_tokens
+            values["tokens_in"] = SessionRow.tokens_in + prompt_tokens
+        if completion_tokens is not None:
+            values["tokens_out"] = SessionRow.tokens_out + completion_tokens
+        async with self._sessions() as db:
+            await db.exec(update(SessionRow).where(col(SessionRow.id) == session_id).values(**values))  # type: ignore[call-overload]
+            await db.commit()
+
+    async def set_session_error(self, session_id: int, error: str | None) -> None:
+        async with self._sessions() as db:
+            stmt = update(SessionRow).where(col(SessionRow.id) == session_id)
+            await db.exec(stmt.values(last_error=error, updated_at=utcnow()))  # type: ignore[call-overload]
+            await db.commit()
+
+    # -- messages ---------------------------------------------------------------------------
+
+    async def _allocate_seqs(self, db: AsyncSession, session_id: int, count: int) -> int:
+        """Reserve `count` consecutive seqs atomically (safe across processes); return the first."""
+        stmt = (
+            update(SessionRow)
+            .where(col(SessionRow.id) == session_id)
+            .values(next_seq=SessionRow.next_seq + count, updated_at=utcnow())
+            .returning(SessionRow.next_seq)
+        )
+        result = await db.exec(stmt)  # type: ignore[call-overload]
+        new_next = int(result.scalar_one())
+        return new_next - count
+
+    async def persist_inbound(self, session_id: int, msg: InboundMessage) -> MessageRow | None:
+        """Persist an inbound user message before its turn. None when it is a duplicate."""
+        async with self._sessions() as db:
+            if msg.platform_message_id is not None:
+                dup = await db.exec(
+                    select(MessageRow.id).where(
+                        MessageRow.platform == msg.platform,
+                        MessageRow.chat_id == msg.chat_id,
+                        MessageRow.platform_message_id == msg.platform_message_id,
+                    )
+                )
+                if dup.first() is not None:
+                    return None
+            row = MessageRow(
+                session_id=session_id,
+                seq=None,
+                role="user",
+                content=msg.text,
+                sender_id=msg.sender_id,
+                sender_name=msg.sender_name,
+                platform=msg.platform,
+                chat_id=msg.chat_id,
+                platform_message_id=msg.platform_message_id,
+                handled=False,
+            )
+            db.add(row)
+            try:
+                await db.commit()
+            except IntegrityError:
+                await db.rollback()
+                return None
+            await db.refresh(row)
+            return row
+
+    async def append_messages(
+        self, session_id: int, messages: Sequence[Message], *, status: str | None = None
+    ) -> list[MessageRow]:
+        """Append assistant/tool messages of a turn, in order, in one transaction."""
+        if not messages:
+            return []
+        async with self._sessions() as db:
+            first = await self._allocate_seqs(db, session_id, len(messages))
+            rows = [
+                MessageRow(
+                    session_id=session_id,
+                    seq=first + i,
+                    role=m.role,
+                    content=m.content,
+                    tool_calls=[tc.to_openai() for tc in m.tool_calls] or None,
+                    tool_call_id=m.tool_call_id,
+                    name=m.name,
+                    tokens=m.tokens,
+                    status=status,
+                )
+                for i, m in enumerate(messages)
+            ]
+            db.add_all(rows)
+            await db.commit()
+            return rows
+
+    async def history(self, session_id: int, after_seq: int = 0) -> list[Message]:
+        async with self._sessions() as db:
+            result = await db.exec(
+                select(MessageRow)
+                .where(
+                    MessageRow.session_id == session_id,
+                    col(MessageRow.seq).is_not(None),
+                    col(MessageRow.seq) > after_seq,
+                )
+                .order_by(col(MessageRow.seq))
+            )
+            return [row_to_message(r) for r in result.all()]
+
+    async def claim_pending(self, session_id: int) -> list[MessageRow]:
+        """Give unanswered inbound messages their conversation position; return them in order.
+
+        Messages claimed by a turn that never finished (crash, shutdown) are returned again, so
+        every inbound message is answered exactly once.
+        """
+        async with self._sessions() as db:
+            unplaced = await db.exec(
+                select(MessageRow)
+                .where(MessageRow.session_id == session_id, col(MessageRow.seq).is_(None))
+                .order_by(col(MessageRow.id))
+            )
+            rows = list(unplaced.all())
+            if rows:
+                first = await self._allocate_seqs(db, session_id, len(rows))
+                for i, row in enumerate(rows):
+                    row.seq = first + i
+                    db.add(row)
+                await db.commit()
+            result = await db.exec(
+                select(MessageRow)
+                .where(MessageRow.session_id == session_id, col(MessageRow.handled).is_(False))
+                .order_by(col(MessageRow.seq))
+            )
+            return list(result.all())
+
+    async def mark_handled(self, ids: Iterable[int], status: str | None = None) -> None:
+        ids = list(ids)
+        if not ids:
+            return
+        async with self._sessions() as db:
+            stmt = update(MessageRow).where(col(MessageRow.id).in_(ids))
+            await db.exec(stmt.values(handled=True, status=status))  # type: ignore[call-overload]
+            await db.commit()
+
+    async def mark_interrupted(self, ids: Iterable[int]) -> None:
+        """Record that a shutdown stopped these messages' turn; they stay pending."""
+        ids = list(ids)
+        if not ids:
+            return
+        async with self._sessions() as db:
+            stmt = update(MessageRow).where(col(MessageRow.id).in_(ids))
+            await db.exec(stmt.values(status="interrupted"))  # type: ignore[call-overload]
+            await db.commit()
+
+    async def cache_token_counts(self, counts: dict[int, int]) -> None:
+        """Store each message's token count once, so it is never recounted."""
+        if not counts:
+            return
+        async with self._sessions() as db:
+            for message_id, tokens in counts.items():
+                stmt = update(MessageRow).where(col(MessageRow.id) == message_id)
+                await db.exec(stmt.values(tokens=tokens))  # type: ignore[call-overload]
+            await db.commit()
+
+    async def message_count(self, session_id: int | None = None) -> int:
+        async with self._sessions() as db:
+            stmt = select(func.count()).select_from(MessageRow)
+            if session_id is not None:
+                stmt = stmt.where(MessageRow.session_id == session_id)
+            result = await db.exec(stmt)
+            return int(result.one())
+
+    # -- compactions ------------------------------------------------------------------------
+
+    async def latest_compaction(self, session_id: int) -> CompactionRow | None:
+        async with self._sessions() as db:
+            result = await db.exec(
+                select(CompactionRow)
+                .where(CompactionRow.session_id == session_id, col(CompactionRow.undone).is_(False))
+                .order_by(col(CompactionRow.id).desc())
+            )
+            return result.first()
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cursor = dbapi_conn.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=5000")
+    cursor.close()

@@ -1,0 +1,87 @@
+"""SQLModel tables. Messages are append-only: compaction adds a row to `compactions`, never deletes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Column, Index, Text, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class SessionRow(SQLModel, table=True):
+    __tablename__ = "sessions"
+
+    id: int | None = Field(default=None, primary_key=True)
+    key: str = Field(sa_column=Column(Text, unique=True, nullable=False))
+    agent: str = "main"
+    platform: str = ""
+    chat_type: str = ""
+    chat_id: str = ""
+    thread_id: str | None = None
+    account: str = "default"
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+    next_seq: int = Field(default=1, sa_column=Column(BigInteger, nullable=False, default=1))
+    # Token counters from the provider's reported usage.
+    last_prompt_tokens: int | None = None
+    tokens_in: int = 0
+    tokens_out: int = 0
+    turns: int = 0
+    # Compaction / memory-flush cycles: flushed_cycle None means "never flushed", never 0 == 0.
+    compaction_cycle: int = 0
+    flushed_cycle: int | None = None
+    last_error: str | None = Field(default=None, sa_column=Column(Text))
+
+
+class MessageRow(SQLModel, table=True):
+    __tablename__ = "messages"
+    __table_args__ = (
+        UniqueConstraint("session_id", "seq", name="uq_messages_session_seq"),
+        UniqueConstraint(
+            "platform", "chat_id", "platform_message_id", name="uq_messages_platform_msg"
+        ),
+        Index("ix_messages_pending", "session_id", "handled"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    session_id: int = Field(foreign_key="sessions.id", index=True)
+    # Position in the conversation. Inbound messages get theirs when a turn claims them, so the
+    # conversation order is the prompt order even when messages arrive mid-turn.
+    seq: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))
+    role: str
+    content: Any = Field(default=None, sa_column=Column(JSON))
+    tool_calls: Any = Field(default=None, sa_column=Column(JSON))
+    tool_call_id: str | None = None
+    name: str | None = None
+    sender_id: str | None = None
+    sender_name: str | None = None
+    platform: str | None = None
+    chat_id: str | None = None
+    platform_message_id: str | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+    tokens: int | None = None
+    # Inbound user messages start unhandled; the turn that answers them marks them handled.
+    handled: bool = True
+    # "interrupted" when a shutdown stopped the turn; "error" for a failed turn's notice.
+    status: str | None = None
+
+
+class CompactionRow(SQLModel, table=True):
+    __tablename__ = "compactions"
+
+    id: int | None = Field(default=None, primary_key=True)
+    session_id: int = Field(foreign_key="sessions.id", index=True)
+    first_seq: int
+    last_seq: int
+    summary: str = Field(sa_column=Column(Text, nullable=False))
+    tokens_before: int
+    tokens_after: int
+    quality: Any = Field(default=None, sa_column=Column(JSON))
+    model: str | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+    undone: bool = False

@@ -1,0 +1,1 @@
+"""The workspace memory directory: AGENTS.md, MEMORY.md, daily notes, artifacts."""
