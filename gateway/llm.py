@@ -38,6 +38,10 @@ class LLMError(Exception):
         self.detail = detail
 
 
+class _StreamStalledError(Exception):
+    """A stream that started and then went quiet for longer than the timeout."""
+
+
 class ContextOverflowError(LLMError):
     """The provider said the prompt is larger than the model's window."""
 
@@ -95,21 +99,28 @@ class LLMProvider:
             kwargs["tools"] = list(tools)
         if self.settings.temperature is not None:
             kwargs["temperature"] = self.settings.temperature
-        # The SDK retries 429/5xx itself; timeouts of a stalled stream are ours to retry.
+        # The SDK retries 429/5xx/timeouts of the request itself; a stream that stalls after it
+        # started, and a malformed body, are ours to retry.
         attempts = self.settings.max_retries + 1
         for attempt in range(1, attempts + 1):
             try:
                 if stream:
                     return await self._stream(kwargs)
                 return await self._plain(kwargs)
-            except (openai.APITimeoutError, TimeoutError) as exc:
-                log.warning("LLM call timed out (attempt %d/%d): %s", attempt, attempts, exc)
+            except _StreamStalledError as exc:
+                log.warning("LLM stream stalled (attempt %d/%d)", attempt, attempts)
                 if attempt == attempts:
                     raise LLMError(
-                        f"The model did not answer within {self.settings.timeout:g} s "
+                        f"The model stopped answering for {self.settings.timeout:g} s "
                         f"({attempts} attempts). Please try again in a moment.",
                         kind="timeout",
                     ) from exc
+            except openai.APITimeoutError as exc:
+                raise LLMError(
+                    f"The model did not answer within {self.settings.timeout:g} s "
+                    f"({attempts} attempts). Please try again in a moment.",
+                    kind="timeout",
+                ) from exc
             except openai.BadRequestError as exc:
                 if _is_context_overflow(exc):
                     raise ContextOverflowError(
@@ -197,6 +208,8 @@ class LLMProvider:
                     )
                 except StopAsyncIteration:
                     break
+                except (TimeoutError, openai.APITimeoutError) as exc:
+                    raise _StreamStalledError() from exc
                 if chunk.usage is not None:
                     usage = Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
                 for choice in chunk.choices or ():

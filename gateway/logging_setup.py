@@ -11,15 +11,16 @@ from rich.logging import RichHandler
 
 def setup_logging(level: str = "INFO") -> None:
     root = logging.getLogger()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
+    for old in list(root.handlers):
+        root.removeHandler(old)
     handler: logging.Handler
     if sys.stderr.isatty():
         handler = RichHandler(console=Console(stderr=True), show_path=False, rich_tracebacks=True)
-        handler.setFormatter(logging.Formatter("%(message)s"))
+        fmt = "%(message)s"
     else:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    handler.setFormatter(logging.Formatter(fmt))
     root.addHandler(handler)
     root.setLevel(level.upper())
     for noisy in ("httpx", "httpx2", "openai", "aiosqlite", "sqlalchemy.engine"):

@@ -112,9 +112,9 @@ class WebServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
-        sockets = site._server.sockets if site._server is not None else ()  # type: ignore[union-attr]
-        if sockets:
-            self.port = sockets[0].getsockname()[1]
+        for address in self._runner.addresses:
+            self.port = int(address[1])
+            break
         return f"http://{self.host}:{self.port}"
 
     async def stop(self) -> None:

@@ -126,13 +126,13 @@ class Store:
         if completion_tokens is not None:
             values["tokens_out"] = SessionRow.tokens_out + completion_tokens
         async with self._sessions() as db:
-            await db.exec(update(SessionRow).where(col(SessionRow.id) == session_id).values(**values))  # type: ignore[call-overload]
+            await db.exec(update(SessionRow).where(col(SessionRow.id) == session_id).values(**values))
             await db.commit()
 
     async def set_session_error(self, session_id: int, error: str | None) -> None:
         async with self._sessions() as db:
             stmt = update(SessionRow).where(col(SessionRow.id) == session_id)
-            await db.exec(stmt.values(last_error=error, updated_at=utcnow()))  # type: ignore[call-overload]
+            await db.exec(stmt.values(last_error=error, updated_at=utcnow()))
             await db.commit()
 
     # -- messages ---------------------------------------------------------------------------
@@ -143,9 +143,9 @@ class Store:
             update(SessionRow)
             .where(col(SessionRow.id) == session_id)
             .values(next_seq=SessionRow.next_seq + count, updated_at=utcnow())
-            .returning(SessionRow.next_seq)
+            .returning(col(SessionRow.next_seq))
         )
-        result = await db.exec(stmt)  # type: ignore[call-overload]
+        result = await db.exec(stmt)
         new_next = int(result.scalar_one())
         return new_next - count
 
@@ -254,7 +254,7 @@ class Store:
             return
         async with self._sessions() as db:
             stmt = update(MessageRow).where(col(MessageRow.id).in_(ids))
-            await db.exec(stmt.values(handled=True, status=status))  # type: ignore[call-overload]
+            await db.exec(stmt.values(handled=True, status=status))
             await db.commit()
 
     async def mark_interrupted(self, ids: Iterable[int]) -> None:
@@ -264,7 +264,7 @@ class Store:
             return
         async with self._sessions() as db:
             stmt = update(MessageRow).where(col(MessageRow.id).in_(ids))
-            await db.exec(stmt.values(status="interrupted"))  # type: ignore[call-overload]
+            await db.exec(stmt.values(status="interrupted"))
             await db.commit()
 
     async def cache_token_counts(self, counts: dict[int, int]) -> None:
@@ -274,7 +274,7 @@ class Store:
         async with self._sessions() as db:
             for message_id, tokens in counts.items():
                 stmt = update(MessageRow).where(col(MessageRow.id) == message_id)
-                await db.exec(stmt.values(tokens=tokens))  # type: ignore[call-overload]
+                await db.exec(stmt.values(tokens=tokens))
             await db.commit()
 
     async def message_count(self, session_id: int | None = None) -> int:

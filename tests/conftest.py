@@ -1,0 +1,74 @@
+"""Shared fixtures: a fake OpenAI server on 127.0.0.1, configs in tmp dirs, a running gateway."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from channels.console import ConsoleChannel
+from channels.webchat import WebchatChannel
+from gateway.app import Gateway
+from gateway.config import Config, parse_config
+from tests.fakes import FakeOpenAI
+
+MakeConfig = Callable[..., Config]
+
+
+@pytest.fixture
+async def fake_llm() -> AsyncIterator[FakeOpenAI]:
+    async with FakeOpenAI() as fake:
+        yield fake
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+@pytest.fixture
+def make_config(tmp_path: Path) -> MakeConfig:
+    def make(fake: FakeOpenAI | None = None, **sections: Any) -> Config:
+        data: dict[str, Any] = {
+            "gateway": {"data_dir": str(tmp_path / "data")},
+            "web": {"port": 0},
+            "llm": {"max_retries": 1, "timeout": 5, "stream": False},
+        }
+        if fake is not None:
+            data["llm"].update(
+                {"base_url": fake.base_url, "api_key": "test", "model": "fake-model"}
+            )
+        return parse_config(_merge(data, sections), "test")
+
+    return make
+
+
+class RunningGateway:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.console = ConsoleChannel(user_id="tester", reply_timeout=10)
+        self.webchat = WebchatChannel(reply_timeout=10)
+        gateway.add_channel(self.console)
+        gateway.add_channel(self.webchat)
+
+    async def ask(self, text: str, user: str = "tester") -> list[str]:
+        reply = await self.webchat.submit(user, text)
+        return reply.replies
+
+
+@pytest.fixture
+async def running(fake_llm: FakeOpenAI, make_config: MakeConfig) -> AsyncIterator[RunningGateway]:
+    gateway = Gateway(make_config(fake_llm))
+    rg = RunningGateway(gateway)
+    await gateway.start()
+    try:
+        yield rg
+    finally:
+        await gateway.stop()
