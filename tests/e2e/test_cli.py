@@ -1,0 +1,119 @@
+"""The real `gatehouse` command as a subprocess, talking to a fake OpenAI server over a socket."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import aiohttp
+
+from tests.fakes import FakeOpenAI, reply
+
+GATEHOUSE = str(Path(sys.executable).parent / "gatehouse")
+
+
+def write_config(tmp_path: Path, fake: FakeOpenAI | None, extra: str = "") -> Path:
+    llm = (
+        f'[llm]\nbase_url = "{fake.base_url}"\napi_key = "${{TEST_LLM_KEY}}"\nmodel = "fake-model"\n'
+        if fake
+        else ""
+    )
+    path = tmp_path / "gatehouse.toml"
+    path.write_text(
+        f'[gateway]\ndata_dir = "data"\n[web]\nport = 0\n{llm}{extra}', encoding="utf-8"
+    )
+    return path
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "TEST_LLM_KEY": "sk-test", "GATEHOUSE_CONFIG": ""}
+
+
+async def run_cli(*args: str, cwd: Path) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        GATEHOUSE, *args, cwd=cwd, env=env(),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_run_serves_webchat_and_stops_cleanly(tmp_path: Path, fake_llm: FakeOpenAI) -> None:
+    config = write_config(tmp_path, fake_llm)
+    fake_llm.script(reply("hello from the agent"))
+    proc = await asyncio.create_subprocess_exec(
+        GATEHOUSE, "--config", str(config), "run", cwd=tmp_path, env=env(),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), timeout=30)).decode()
+        assert line.startswith("gatehouse listening on http://127.0.0.1:"), line
+        url = line.split(" on ", 1)[1].strip()
+        async with aiohttp.ClientSession() as http:
+            async with http.post(
+                f"{url}/api/messages", json={"user_id": "alice", "text": "hi"}
+            ) as resp:
+                assert resp.status == 200
+                body = await resp.json()
+            async with http.get(f"{url}/") as resp:
+                assert "Gatehouse" in await resp.text()
+        assert body == {
+            "session_key": "agent:main:webchat:direct:alice",
+            "replies": ["hello from the agent"],
+        }
+        assert fake_llm.request_headers[-1]["authorization"] == "Bearer sk-test"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _out, err = await asyncio.wait_for(proc.communicate(), timeout=30)
+    assert proc.returncode == 0, err.decode()
+    assert "stopped" in err.decode()
+
+
+async def test_chat_message_prints_the_reply(tmp_path: Path, fake_llm: FakeOpenAI) -> None:
+    write_config(tmp_path, fake_llm)
+    fake_llm.script(reply("pong"))
+    code, out, err = await run_cli("chat", "-m", "ping", "--user", "bob", cwd=tmp_path)
+    assert code == 0, err
+    assert out.strip() == "pong"
+    code, out, _ = await run_cli(
+        "sessions", "show", "agent:main:console:direct:bob", "--json", cwd=tmp_path
+    )
+    assert code == 0
+    shown = json.loads(out)
+    assert [(m["role"], m["content"]) for m in shown["messages"]] == [
+        ("user", "ping"), ("assistant", "pong"),
+    ]
+
+
+async def test_chat_without_endpoint_says_how_to_configure(tmp_path: Path) -> None:
+    write_config(tmp_path, None)
+    code, out, _ = await run_cli("chat", "-m", "hello", cwd=tmp_path)
+    assert code == 0
+    assert "No LLM endpoint is configured" in out
+    assert "[llm] base_url" in out
+
+
+async def test_config_typo_is_a_precise_error(tmp_path: Path) -> None:
+    write_config(tmp_path, None, extra="[sessions]\ndm_scop = 'main'\n")
+    code, _out, err = await run_cli("chat", "-m", "hi", cwd=tmp_path)
+    assert code == 2
+    assert "sessions.dm_scop: unknown key" in err
+    assert "gatehouse.toml" in err
+
+
+async def test_init_writes_config_and_workspace(tmp_path: Path) -> None:
+    code, out, err = await run_cli("init", "--dir", "site", cwd=tmp_path)
+    assert code == 0, err
+    site = tmp_path / "site"
+    assert (site / "gatehouse.toml").exists()
+    agents = (site / "data" / "workspace" / "AGENTS.md").read_text()
+    assert "## Session Startup" in agents and "## Red Lines" in agents
+    assert (site / "data" / "workspace" / "memory").is_dir()
+    code, out, _ = await run_cli("init", "--dir", "site", cwd=tmp_path)
+    assert "already exists" in out
