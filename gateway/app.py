@@ -70,19 +70,16 @@ class Gateway:
             await self._reply_directly(msg, key, problem)
             return InboundResult(key, accepted=False, reason=problem)
         msg = replace(msg, text=text)
-        session = await self.store.ensure_session(
-            SessionInfo(
-                key=key,
-                agent=self.config.gateway.agent,
-                platform=msg.platform,
-                chat_type=msg.chat_type,
-                chat_id=msg.chat_id,
-                thread_id=msg.thread_id,
-                account=msg.account,
-            )
+        info = SessionInfo(
+            key=key,
+            agent=self.config.gateway.agent,
+            platform=msg.platform,
+            chat_type=msg.chat_type,
+            chat_id=msg.chat_id,
+            thread_id=msg.thread_id,
+            account=msg.account,
         )
-        assert session.id is not None
-        row = await self.store.persist_inbound(session.id, msg)
+        _session_id, row = await self.store.accept_inbound(info, msg)
         if row is None:
             return InboundResult(key, accepted=False, duplicate=True, reason="duplicate message")
         try:

@@ -18,7 +18,7 @@ from context.engine import ContextEngine, TurnContext
 from context.types import Message
 from gateway.config import Config
 from gateway.llm import LLMError, LLMProvider
-from gateway.store import MessageRow, Store
+from gateway.store import MessageRow, Store, TurnUsage
 from gateway.tools import ToolContext, ToolRegistry
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,7 @@ class Runner:
             return
         started = time.perf_counter()
         stats = TurnStats(session_key, len(claimed))
+        status: str | None = None
         try:
             reply = await self._converse(session_key, session.id, claimed, stats)
         except asyncio.CancelledError:
@@ -77,14 +78,17 @@ class Runner:
             raise
         except LLMError as exc:
             log.warning("turn failed for %s: %s", session_key, exc)
-            stats.error = exc.kind
+            stats.error = str(exc)
             reply = exc.user_message
-            await self.store.append_messages(
-                session.id, [Message(role="assistant", content=reply)], status=ERROR_STATUS
-            )
-            await self.store.set_session_error(session.id, str(exc))
-        await self.store.mark_handled(r.id for r in claimed if r.id is not None)
-        await self.store.record_usage(session.id, stats.prompt_tokens, stats.completion_tokens)
+            status = ERROR_STATUS
+        await self.store.finish_turn(
+            session.id,
+            Message(role="assistant", content=reply),
+            (r.id for r in claimed if r.id is not None),
+            TurnUsage(stats.prompt_tokens, stats.completion_tokens),
+            reply_status=status,
+            error=stats.error,
+        )
         stats.seconds = time.perf_counter() - started
         if self.on_turn is not None:
             self.on_turn(stats)
@@ -130,12 +134,7 @@ class Runner:
             )
             message = completion.message
             if not message.tool_calls:
-                text = message.text.strip()
-                if not text:
-                    text = "(The model returned an empty reply.)"
-                    message = Message(role="assistant", content=text)
-                await self.store.append_messages(session_id, [message])
-                return text
+                return message.text.strip() or "(The model returned an empty reply.)"
             stats.tool_rounds += 1
             round_messages = [message]
             for call in message.tool_calls:
@@ -150,9 +149,7 @@ class Runner:
                 )
             await self.store.append_messages(session_id, round_messages)
             incoming = [*incoming, *round_messages]
-        text = (
+        return (
             f"I stopped after {self.config.llm.max_tool_rounds} rounds of tool calls without "
             "finishing. Ask me to continue, or raise [llm] max_tool_rounds."
         )
-        await self.store.append_messages(session_id, [Message(role="assistant", content=text)])
-        return text

@@ -1,6 +1,6 @@
 """Persistence: SQLModel tables and the async Store."""
 
-from gateway.store.db import SessionInfo, Store, row_to_message
+from gateway.store.db import SessionInfo, Store, TurnUsage, row_to_message
 from gateway.store.models import CompactionRow, MessageRow, SessionRow
 
-__all__ = ["CompactionRow", "MessageRow", "SessionInfo", "SessionRow", "Store", "row_to_message"]
+__all__ = ["CompactionRow", "MessageRow", "SessionInfo", "SessionRow", "Store", "TurnUsage", "row_to_message"]

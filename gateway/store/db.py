@@ -1,8 +1,16 @@
-"""The async store: one place for every read and write of sessions, messages and compactions."""
+"""The async store: one place for every read and write of sessions, messages and compactions.
+
+Each gateway step is one transaction: accepting an inbound message (session get-or-create,
+dedupe, insert), claiming a turn's messages, and finishing a turn (reply, handled marks, usage).
+On SQLite, writes from this process are serialized by one asyncio lock so they never spin on
+SQLite's busy handler; readers run concurrently thanks to WAL.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +39,12 @@ class SessionInfo:
     account: str = "default"
 
 
+@dataclass(frozen=True, slots=True)
+class TurnUsage:
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
 def row_to_message(row: MessageRow) -> Message:
     calls = tuple(ToolCall.from_openai(tc) for tc in row.tool_calls or ())
     return Message(
@@ -45,17 +59,33 @@ def row_to_message(row: MessageRow) -> Message:
     )
 
 
+def _message_row(session_id: int, seq: int, m: Message, status: str | None) -> MessageRow:
+    return MessageRow(
+        session_id=session_id,
+        seq=seq,
+        role=m.role,
+        content=m.content,
+        tool_calls=[tc.to_openai() for tc in m.tool_calls] or None,
+        tool_call_id=m.tool_call_id,
+        name=m.name,
+        tokens=m.tokens,
+        status=status,
+    )
+
+
 class Store:
     """SQLite (WAL) by default, PostgreSQL by URL; same models, same code."""
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.engine: AsyncEngine = create_async_engine(url, future=True)
-        if url.startswith("sqlite"):
+        self.engine: AsyncEngine = create_async_engine(url)
+        if self.is_sqlite:
             event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
         self._sessions = async_sessionmaker(
             self.engine, class_=AsyncSession, expire_on_commit=False
         )
+        self._write_lock = asyncio.Lock() if self.is_sqlite else None
+        self._session_ids: dict[str, int] = {}
 
     @property
     def is_sqlite(self) -> bool:
@@ -72,6 +102,18 @@ class Store:
     async def close(self) -> None:
         await self.engine.dispose()
 
+    @contextlib.asynccontextmanager
+    async def _write(self) -> AsyncIterator[AsyncSession]:
+        """A write transaction: committed on success, rolled back on error."""
+        lock = self._write_lock or contextlib.nullcontext()
+        async with lock, self._sessions() as db:
+            try:
+                yield db
+                await db.commit()
+            except BaseException:
+                await db.rollback()
+                raise
+
     # -- sessions ---------------------------------------------------------------------------
 
     async def get_session(self, key: str) -> SessionRow | None:
@@ -79,30 +121,40 @@ class Store:
             result = await db.exec(select(SessionRow).where(SessionRow.key == key))
             return result.first()
 
+    async def _session_id(self, db: AsyncSession, info: SessionInfo) -> int:
+        cached = self._session_ids.get(info.key)
+        if cached is not None:
+            return cached
+        found = await db.exec(select(SessionRow.id).where(SessionRow.key == info.key))
+        session_id = found.first()
+        if session_id is None:
+            row = SessionRow(
+                key=info.key,
+                agent=info.agent,
+                platform=info.platform,
+                chat_type=info.chat_type,
+                chat_id=info.chat_id,
+                thread_id=info.thread_id,
+                account=info.account,
+            )
+            async with db.begin_nested():
+                db.add(row)
+            session_id = row.id
+        assert session_id is not None
+        self._session_ids[info.key] = session_id
+        return session_id
+
     async def ensure_session(self, info: SessionInfo) -> SessionRow:
-        existing = await self.get_session(info.key)
-        if existing is not None:
-            return existing
-        row = SessionRow(
-            key=info.key,
-            agent=info.agent,
-            platform=info.platform,
-            chat_type=info.chat_type,
-            chat_id=info.chat_id,
-            thread_id=info.thread_id,
-            account=info.account,
-        )
-        async with self._sessions() as db:
-            db.add(row)
+        for _attempt in range(3):
             try:
-                await db.commit()
-            except IntegrityError:
-                await db.rollback()
-                again = await self.get_session(info.key)
-                assert again is not None
-                return again
-            await db.refresh(row)
-            return row
+                async with self._write() as db:
+                    await self._session_id(db, info)
+                break
+            except IntegrityError:  # created concurrently by another process
+                continue
+        row = await self.get_session(info.key)
+        assert row is not None
+        return row
 
     async def list_sessions(self) -> list[SessionRow]:
         async with self._sessions() as db:
@@ -116,24 +168,10 @@ class Store:
             result = await db.exec(select(SessionRow).where(col(SessionRow.id).in_(pending)))
             return list(result.all())
 
-    async def record_usage(
-        self, session_id: int, prompt_tokens: int | None, completion_tokens: int | None
-    ) -> None:
-        values: dict[str, Any] = {"updated_at": utcnow(), "turns": SessionRow.turns + 1}
-        if prompt_tokens is not None:
-            values["last_prompt_tokens"] = prompt_tokens
-            values["tokens_in"] = SessionRow.tokens_in + prompt_tokens
-        if completion_tokens is not None:
-            values["tokens_out"] = SessionRow.tokens_out + completion_tokens
-        async with self._sessions() as db:
-            await db.exec(update(SessionRow).where(col(SessionRow.id) == session_id).values(**values))
-            await db.commit()
-
     async def set_session_error(self, session_id: int, error: str | None) -> None:
-        async with self._sessions() as db:
+        async with self._write() as db:
             stmt = update(SessionRow).where(col(SessionRow.id) == session_id)
             await db.exec(stmt.values(last_error=error, updated_at=utcnow()))
-            await db.commit()
 
     # -- messages ---------------------------------------------------------------------------
 
@@ -149,65 +187,111 @@ class Store:
         new_next = int(result.scalar_one())
         return new_next - count
 
-    async def persist_inbound(self, session_id: int, msg: InboundMessage) -> MessageRow | None:
-        """Persist an inbound user message before its turn. None when it is a duplicate."""
-        async with self._sessions() as db:
-            if msg.platform_message_id is not None:
-                dup = await db.exec(
-                    select(MessageRow.id).where(
-                        MessageRow.platform == msg.platform,
-                        MessageRow.chat_id == msg.chat_id,
-                        MessageRow.platform_message_id == msg.platform_message_id,
-                    )
-                )
-                if dup.first() is not None:
-                    return None
-            row = MessageRow(
-                session_id=session_id,
-                seq=None,
-                role="user",
-                content=msg.text,
-                sender_id=msg.sender_id,
-                sender_name=msg.sender_name,
-                platform=msg.platform,
-                chat_id=msg.chat_id,
-                platform_message_id=msg.platform_message_id,
-                handled=False,
-            )
-            db.add(row)
+    async def accept_inbound(
+        self, info: SessionInfo, msg: InboundMessage
+    ) -> tuple[int, MessageRow | None]:
+        """Persist an inbound user message before its turn, creating the session if needed.
+
+        Returns (session id, row); the row is None when the message is a duplicate (same
+        platform message id in the same chat), so a redelivery is never answered twice.
+        """
+        for _attempt in range(3):
             try:
-                await db.commit()
+                async with self._write() as db:
+                    session_id = await self._session_id(db, info)
+                    if msg.platform_message_id is not None:
+                        dup = await db.exec(
+                            select(MessageRow.id).where(
+                                MessageRow.platform == msg.platform,
+                                MessageRow.chat_id == msg.chat_id,
+                                MessageRow.platform_message_id == msg.platform_message_id,
+                            )
+                        )
+                        if dup.first() is not None:
+                            return session_id, None
+                    row = MessageRow(
+                        session_id=session_id,
+                        seq=None,
+                        role="user",
+                        content=msg.text,
+                        sender_id=msg.sender_id,
+                        sender_name=msg.sender_name,
+                        platform=msg.platform,
+                        chat_id=msg.chat_id,
+                        platform_message_id=msg.platform_message_id,
+                        handled=False,
+                    )
+                    db.add(row)
+                return session_id, row
             except IntegrityError:
-                await db.rollback()
-                return None
-            await db.refresh(row)
-            return row
+                # A concurrent insert of the same platform message (dedupe) or session.
+                self._session_ids.pop(info.key, None)
+                continue
+        raise RuntimeError(f"could not persist inbound message for {info.key}")
+
+    async def claim_pending(self, session_id: int) -> list[MessageRow]:
+        """Give unanswered inbound messages their conversation position; return them in order.
+
+        Messages claimed by a turn that never finished (crash, shutdown) are returned again, so
+        every inbound message is answered exactly once.
+        """
+        async with self._write() as db:
+            unplaced = await db.exec(
+                select(MessageRow)
+                .where(MessageRow.session_id == session_id, col(MessageRow.seq).is_(None))
+                .order_by(col(MessageRow.id))
+            )
+            rows = list(unplaced.all())
+            if rows:
+                first = await self._allocate_seqs(db, session_id, len(rows))
+                for i, row in enumerate(rows):
+                    row.seq = first + i
+                    db.add(row)
+                await db.flush()
+            result = await db.exec(
+                select(MessageRow)
+                .where(MessageRow.session_id == session_id, col(MessageRow.handled).is_(False))
+                .order_by(col(MessageRow.seq))
+            )
+            return list(result.all())
 
     async def append_messages(
         self, session_id: int, messages: Sequence[Message], *, status: str | None = None
     ) -> list[MessageRow]:
-        """Append assistant/tool messages of a turn, in order, in one transaction."""
+        """Append assistant/tool messages, in order, in one transaction."""
         if not messages:
             return []
-        async with self._sessions() as db:
+        async with self._write() as db:
             first = await self._allocate_seqs(db, session_id, len(messages))
-            rows = [
-                MessageRow(
-                    session_id=session_id,
-                    seq=first + i,
-                    role=m.role,
-                    content=m.content,
-                    tool_calls=[tc.to_openai() for tc in m.tool_calls] or None,
-                    tool_call_id=m.tool_call_id,
-                    name=m.name,
-                    tokens=m.tokens,
-                    status=status,
-                )
-                for i, m in enumerate(messages)
-            ]
+            rows = [_message_row(session_id, first + i, m, status) for i, m in enumerate(messages)]
             db.add_all(rows)
-            await db.commit()
-            return rows
+        return rows
+
+    async def finish_turn(
+        self,
+        session_id: int,
+        reply: Message,
+        handled_ids: Iterable[int],
+        usage: TurnUsage,
+        *,
+        reply_status: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        """Store the reply, mark the turn's inbound messages answered and count usage: atomically."""
+        ids = list(handled_ids)
+        async with self._write() as db:
+            seq = await self._allocate_seqs(db, session_id, 1)
+            db.add(_message_row(session_id, seq, reply, reply_status))
+            if ids:
+                stmt = update(MessageRow).where(col(MessageRow.id).in_(ids))
+                await db.exec(stmt.values(handled=True, status=None))
+            values: dict[str, Any] = {"turns": SessionRow.turns + 1, "last_error": error}
+            if usage.prompt_tokens is not None:
+                values["last_prompt_tokens"] = usage.prompt_tokens
+                values["tokens_in"] = SessionRow.tokens_in + usage.prompt_tokens
+            if usage.completion_tokens is not None:
+                values["tokens_out"] = SessionRow.tokens_out + usage.completion_tokens
+            await db.exec(update(SessionRow).where(col(SessionRow.id) == session_id).values(**values))
 
     async def history(self, session_id: int, after_seq: int = 0) -> list[Message]:
         async with self._sessions() as db:
@@ -222,60 +306,31 @@ class Store:
             )
             return [row_to_message(r) for r in result.all()]
 
-    async def claim_pending(self, session_id: int) -> list[MessageRow]:
-        """Give unanswered inbound messages their conversation position; return them in order.
-
-        Messages claimed by a turn that never finished (crash, shutdown) are returned again, so
-        every inbound message is answered exactly once.
-        """
-        async with self._sessions() as db:
-            unplaced = await db.exec(
-                select(MessageRow)
-                .where(MessageRow.session_id == session_id, col(MessageRow.seq).is_(None))
-                .order_by(col(MessageRow.id))
-            )
-            rows = list(unplaced.all())
-            if rows:
-                first = await self._allocate_seqs(db, session_id, len(rows))
-                for i, row in enumerate(rows):
-                    row.seq = first + i
-                    db.add(row)
-                await db.commit()
-            result = await db.exec(
-                select(MessageRow)
-                .where(MessageRow.session_id == session_id, col(MessageRow.handled).is_(False))
-                .order_by(col(MessageRow.seq))
-            )
-            return list(result.all())
-
     async def mark_handled(self, ids: Iterable[int], status: str | None = None) -> None:
         ids = list(ids)
         if not ids:
             return
-        async with self._sessions() as db:
+        async with self._write() as db:
             stmt = update(MessageRow).where(col(MessageRow.id).in_(ids))
             await db.exec(stmt.values(handled=True, status=status))
-            await db.commit()
 
     async def mark_interrupted(self, ids: Iterable[int]) -> None:
         """Record that a shutdown stopped these messages' turn; they stay pending."""
         ids = list(ids)
         if not ids:
             return
-        async with self._sessions() as db:
+        async with self._write() as db:
             stmt = update(MessageRow).where(col(MessageRow.id).in_(ids))
             await db.exec(stmt.values(status="interrupted"))
-            await db.commit()
 
     async def cache_token_counts(self, counts: dict[int, int]) -> None:
         """Store each message's token count once, so it is never recounted."""
         if not counts:
             return
-        async with self._sessions() as db:
+        async with self._write() as db:
             for message_id, tokens in counts.items():
                 stmt = update(MessageRow).where(col(MessageRow.id) == message_id)
                 await db.exec(stmt.values(tokens=tokens))
-            await db.commit()
 
     async def message_count(self, session_id: int | None = None) -> int:
         async with self._sessions() as db:

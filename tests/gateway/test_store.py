@@ -5,7 +5,7 @@ from pathlib import Path
 
 from channels.base import InboundMessage
 from context.types import Message, ToolCall
-from gateway.store import SessionInfo, Store
+from gateway.store import SessionInfo, Store, TurnUsage
 
 
 def inbound(text: str, mid: str | None = None) -> InboundMessage:
@@ -37,9 +37,10 @@ async def test_inbound_is_deduplicated_by_platform_message_id(tmp_path: Path) ->
     store = await make_store(tmp_path)
     session = await store.ensure_session(SessionInfo(key="k"))
     assert session.id is not None
-    assert await store.persist_inbound(session.id, inbound("a", "m1")) is not None
-    assert await store.persist_inbound(session.id, inbound("a again", "m1")) is None
-    assert await store.persist_inbound(session.id, inbound("b", "m2")) is not None
+    info = SessionInfo(key="k")
+    assert (await store.accept_inbound(info, inbound("a", "m1")))[1] is not None
+    assert (await store.accept_inbound(info, inbound("a again", "m1")))[1] is None
+    assert (await store.accept_inbound(info, inbound("b", "m2")))[1] is not None
     assert await store.message_count(session.id) == 2
     await store.close()
 
@@ -49,13 +50,15 @@ async def test_claim_orders_conversation_by_turn_not_arrival(tmp_path: Path) -> 
     session = await store.ensure_session(SessionInfo(key="k"))
     sid = session.id
     assert sid is not None
-    await store.persist_inbound(sid, inbound("first", "m1"))
+    await store.accept_inbound(SessionInfo(key="k"), inbound("first", "m1"))
     claimed = await store.claim_pending(sid)
     assert [r.content for r in claimed] == ["first"]
     # A message arrives while the first turn is still running...
-    await store.persist_inbound(sid, inbound("second", "m2"))
-    await store.append_messages(sid, [Message(role="assistant", content="answer 1")])
-    await store.mark_handled(r.id for r in claimed if r.id is not None)
+    await store.accept_inbound(SessionInfo(key="k"), inbound("second", "m2"))
+    await store.finish_turn(
+        sid, Message(role="assistant", content="answer 1"),
+        (r.id for r in claimed if r.id is not None), TurnUsage(10, 2),
+    )
     # ...and is placed after the answer to the first, not before it.
     claimed = await store.claim_pending(sid)
     assert [r.content for r in claimed] == ["second"]
@@ -68,7 +71,7 @@ async def test_unfinished_claims_are_returned_again(tmp_path: Path) -> None:
     store = await make_store(tmp_path)
     sid = (await store.ensure_session(SessionInfo(key="k"))).id
     assert sid is not None
-    await store.persist_inbound(sid, inbound("lost?", "m1"))
+    await store.accept_inbound(SessionInfo(key="k"), inbound("lost?", "m1"))
     first = await store.claim_pending(sid)
     await store.close()
     store = await make_store(tmp_path)  # a restart

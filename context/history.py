@@ -1,0 +1,354 @@
+"""History limits and turn importance (pure).
+
+A *turn* is one user message and everything until the next one: the assistant's replies, its
+tool calls and their results. Limits count user turns (OpenClaw's `historyLimit`), and whole
+turns are the unit the overflow tier drops, so a tool call is never cut from its result.
+
+Limits resolve per conversation with the source that decided them, so `explain` can say *why*
+a chat only sees 20 turns:
+
+* DM: ``[channels.<p>.dms."<user>"] history_limit`` → ``[channels.<p>] dm_history_limit``
+  → ``[context] history_limit``.
+* group / channel / thread: ``[channels.<p>.channels."<id>"] history_limit`` →
+  ``[channels.<p>.groups."<chat>"] history_limit`` → ``[channels.<p>] history_limit``
+  → ``[context] history_limit``.
+
+0 means unlimited at every level. The gateway builds `HistoryLimits` from its config; this
+module does not import it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from context.pruning import looks_like_error
+from context.tokens import TokenCounter
+from context.types import Message
+
+__all__ = [
+    "HistoryCut",
+    "HistoryLimits",
+    "LimitResolution",
+    "PlatformLimits",
+    "Turn",
+    "TurnScore",
+    "apply_history_limit",
+    "choose_turns_to_drop",
+    "importance",
+    "message_has_error",
+    "resolve_history_limit",
+    "score_turns",
+    "split_turns",
+    "turn_importance",
+]
+
+# --------------------------------------------------------------------------------- turns
+
+
+def message_has_error(message: Message) -> bool:
+    """A tool result, reply or pasted log that looks like a failure."""
+    return looks_like_error(message.text)
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One user message and what followed it; the leading turn may have no user message."""
+
+    messages: tuple[Message, ...]
+
+    @property
+    def user_message(self) -> Message | None:
+        first = self.messages[0] if self.messages else None
+        return first if first is not None and first.role == "user" else None
+
+    @property
+    def tokens(self) -> int:
+        """Sum of cached counts (uncounted messages as 0; see `count_tokens`)."""
+        return sum(m.tokens or 0 for m in self.messages)
+
+    def count_tokens(self, counter: TokenCounter | None = None) -> int:
+        """Tokens of the turn, counting uncached messages with `counter` when given."""
+        return counter.count_messages(self.messages) if counter else self.tokens
+
+    @property
+    def has_tool_calls(self) -> bool:
+        return any(m.tool_calls or m.role == "tool" for m in self.messages)
+
+    @property
+    def has_error(self) -> bool:
+        return any(message_has_error(m) for m in self.messages)
+
+    @property
+    def first_seq(self) -> int | None:
+        return min((m.seq for m in self.messages if m.seq is not None), default=None)
+
+    @property
+    def last_seq(self) -> int | None:
+        return max((m.seq for m in self.messages if m.seq is not None), default=None)
+
+
+def split_turns(messages: Sequence[Message]) -> list[Turn]:
+    """Split `messages` into turns at user messages.
+
+    Invariant: a turn boundary never falls between a tool call and its result. The runner
+    persists a user message that arrives mid tool loop with a seq *between* a call and its
+    result; such a message joins the open turn instead of starting a new one. (Calls that never
+    got a result do not hold the turn open.) `apply_history_limit` re-checks this.
+    """
+    result_at = {
+        m.tool_call_id: i for i, m in enumerate(messages) if m.role == "tool" and m.tool_call_id
+    }
+    turns: list[Turn] = []
+    current: list[Message] = []
+    open_until = -1  # index of the last pending result of a call seen so far
+    for i, m in enumerate(messages):
+        if m.role == "user" and current and i > open_until:
+            turns.append(Turn(tuple(current)))
+            current = []
+        current.append(m)
+        for call in m.tool_calls:
+            open_until = max(open_until, result_at.get(call.id, -1))
+    if current:
+        turns.append(Turn(tuple(current)))
+    return turns
+
+
+# ------------------------------------------------------------------------- limit resolution
+
+
+@dataclass(frozen=True, slots=True)
+class PlatformLimits:
+    """`[channels.<platform>]` history settings; None = not set, fall through."""
+
+    dm_default: int | None = None
+    group_default: int | None = None
+    dms: Mapping[str, int | None] = field(default_factory=dict)
+    groups: Mapping[str, int | None] = field(default_factory=dict)
+    channels: Mapping[str, int | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryLimits:
+    """All history-limit settings: `[context] history_limit` plus per-platform ones."""
+
+    system_default: int = 0
+    platforms: Mapping[str, PlatformLimits] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class LimitResolution:
+    """A history limit in user turns (0 = unlimited) and the config key that decided it."""
+
+    limit: int
+    source: str
+
+    @property
+    def unlimited(self) -> bool:
+        return self.limit == 0
+
+    def describe(self) -> str:
+        """E.g. ``last 20 user turns (from [channels.telegram] history_limit)``."""
+        amount = "unlimited" if self.unlimited else f"last {self.limit:,} user turns"
+        return f"{amount} (from {self.source})"
+
+
+SYSTEM_SOURCE = "[context] history_limit (default)"
+DM_CHAT_TYPES = frozenset({"direct", "dm"})
+
+
+def _key(chat: str) -> str:
+    return json.dumps(chat, ensure_ascii=False)  # a TOML basic string for ids like "-100…"
+
+
+def resolve_history_limit(
+    limits: HistoryLimits,
+    platform: str,
+    chat_type: str,
+    chat_id: str | None,
+    user_id: str | None,
+) -> LimitResolution:
+    """The history limit for one conversation, with its source (see the module docstring).
+
+    `chat_type` is ``direct`` (or ``dm``) for DMs; anything else (group, channel, thread) uses
+    the group rules, looked up by `chat_id` (for a thread, pass the id the config names — its
+    parent channel). An unknown platform gets the system default.
+    """
+    section = f"[channels.{platform}"
+    p = limits.platforms.get(platform)
+    if p is not None:
+        if chat_type in DM_CHAT_TYPES:
+            candidates = [(f"{section}.dms.{{}}] history_limit", p.dms, user_id)]
+            default = (f"{section}] dm_history_limit", p.dm_default)
+        else:
+            candidates = [
+                (f"{section}.channels.{{}}] history_limit", p.channels, chat_id),
+                (f"{section}.groups.{{}}] history_limit", p.groups, chat_id),
+            ]
+            default = (f"{section}] history_limit", p.group_default)
+        for source, table, ident in candidates:
+            value = table.get(ident) if ident is not None else None
+            if value is not None and ident is not None:
+                return LimitResolution(value, source.format(_key(ident)))
+        if default[1] is not None:
+            return LimitResolution(default[1], default[0])
+    return LimitResolution(limits.system_default, SYSTEM_SOURCE)
+
+
+# ------------------------------------------------------------------------- applying a limit
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryCut:
+    """`history` split into what is sent (`kept`, a suffix) and what the limit left out."""
+
+    kept: list[Message]
+    dropped: list[Message]
+    kept_turns: int = 0
+    dropped_turns: int = 0
+
+
+def apply_history_limit(history: Sequence[Message], limit: int) -> HistoryCut:
+    """Keep the last `limit` user turns of `history` (0 = keep everything).
+
+    `history` is what came *before* the current turn; the caller always sends the current
+    message. The leading user-less turn (a note or summary before the first user message) is
+    older than every user turn, so it goes exactly when the limit drops at least one user turn,
+    and stays whenever the whole history fits — "last N turns" never resurrects older content.
+    """
+    if limit < 0:
+        raise ValueError("history limit must be >= 0 (0 = unlimited)")
+    turns = split_turns(history)
+    user_turns = sum(1 for t in turns if t.user_message is not None)
+    if limit == 0 or user_turns <= limit:
+        return HistoryCut(list(history), [], len(turns), 0)
+    kept_turns = turns[len(turns) - limit :]
+    dropped_turns = turns[: len(turns) - limit]
+    kept = [m for t in kept_turns for m in t.messages]
+    dropped = [m for t in dropped_turns for m in t.messages]
+    _check_no_split_pairs(kept, dropped)
+    return HistoryCut(kept, dropped, len(kept_turns), len(dropped_turns))
+
+
+def _check_no_split_pairs(kept: Sequence[Message], dropped: Sequence[Message]) -> None:
+    """Guard the `split_turns` invariant: no call on one side with its result on the other."""
+    dropped_calls = {c.id for m in dropped for c in m.tool_calls}
+    dropped_results = {m.tool_call_id for m in dropped if m.role == "tool"}
+    kept_calls = {c.id for m in kept for c in m.tool_calls}
+    kept_results = {m.tool_call_id for m in kept if m.role == "tool"}
+    split = (dropped_calls & kept_results) | (kept_calls & dropped_results)
+    if split:
+        raise AssertionError(f"history cut separated tool calls from results: {sorted(split)}")
+
+
+# ------------------------------------------------------------------------------ importance
+
+#: ARCHITECTURE weights: recency 0.3, message type 0.4, tool call 0.2, error 0.1.
+W_RECENCY, W_TYPE, W_TOOL, W_ERROR = 0.3, 0.4, 0.2, 0.1
+#: User asks and system notes (summaries) matter most; tool output is re-fetchable.
+TYPE_WEIGHTS: Mapping[str, float] = {"user": 1.0, "system": 1.0, "assistant": 0.7, "tool": 0.4}
+
+
+def _recency(index: int, total: int) -> float:
+    return 1.0 if total <= 1 else min(max(index / (total - 1), 0.0), 1.0)
+
+
+def importance(message: Message, index: int, total: int) -> float:
+    """Importance of `message` at position `index` of `total`, in [0, 1].
+
+    Tool calls and results count (+0.2): they record actions taken, and forgetting them is how
+    old tasks get re-executed. Failures count (+0.1): the agent must not retry blindly.
+    """
+    tool = 1.0 if message.tool_calls or message.role == "tool" else 0.0
+    error = 1.0 if message_has_error(message) else 0.0
+    return (
+        W_RECENCY * _recency(index, total)
+        + W_TYPE * TYPE_WEIGHTS.get(message.role, 0.0)
+        + W_TOOL * tool
+        + W_ERROR * error
+    )
+
+
+def turn_importance(turn: Turn, index: int, total: int) -> float:
+    """Importance of turn `index` of `total`, in [0, 1]: each component's max over its messages.
+
+    Per component rather than a max of message scores, so an error in a tool result still
+    raises a turn whose user ask already scores highest on type; a mean would punish long turns.
+    """
+    type_weight = max((TYPE_WEIGHTS.get(m.role, 0.0) for m in turn.messages), default=0.0)
+    return (
+        W_RECENCY * _recency(index, total)
+        + W_TYPE * type_weight
+        + W_TOOL * (1.0 if turn.has_tool_calls else 0.0)
+        + W_ERROR * (1.0 if turn.has_error else 0.0)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TurnScore:
+    """Why a turn ranks where it does, for `explain` and logs."""
+
+    index: int
+    importance: float
+    tokens: int
+    first_seq: int | None
+    last_seq: int | None
+    reasons: tuple[str, ...]
+
+    def describe(self) -> str:
+        """E.g. ``turn 3 (seq 10–14, 1,234 tokens, importance 0.62: user ask, tool calls)``."""
+        seqs = f"seq {self.first_seq}–{self.last_seq}, " if self.first_seq is not None else ""
+        why = f": {', '.join(self.reasons)}" if self.reasons else ""
+        return (
+            f"turn {self.index} ({seqs}{self.tokens:,} tokens, "
+            f"importance {self.importance:.2f}{why})"
+        )
+
+
+def score_turns(turns: Sequence[Turn], counter: TokenCounter | None = None) -> list[TurnScore]:
+    """A `TurnScore` per turn, in order."""
+    out = []
+    for i, turn in enumerate(turns):
+        reasons = ["user ask" if turn.user_message is not None else "no user message"]
+        if turn.has_tool_calls:
+            reasons.append("tool calls")
+        if turn.has_error:
+            reasons.append("error")
+        out.append(
+            TurnScore(
+                index=i,
+                importance=turn_importance(turn, i, len(turns)),
+                tokens=turn.count_tokens(counter),
+                first_seq=turn.first_seq,
+                last_seq=turn.last_seq,
+                reasons=tuple(reasons),
+            )
+        )
+    return out
+
+
+def choose_turns_to_drop(
+    turns: Sequence[Turn],
+    tokens_to_free: int,
+    protect_last: int,
+    counter: TokenCounter | None = None,
+) -> list[int]:
+    """Indices of turns to drop, in drop order: least important first, ties oldest first.
+
+    The last `protect_last` turns are never chosen. Stops as soon as the chosen turns free
+    `tokens_to_free`; if all candidates together free less, all are returned and the caller
+    moves to the next overflow tier. Token counts come from the cache, or `counter`.
+    """
+    if tokens_to_free <= 0:
+        return []
+    candidates = score_turns(turns, counter)[: max(len(turns) - max(protect_last, 0), 0)]
+    chosen: list[int] = []
+    freed = 0
+    # Rounded so float noise (0.3 * 1/3 vs 0.1) does not beat the oldest-first tie-break.
+    for score in sorted(candidates, key=lambda s: (round(s.importance, 9), s.index)):
+        chosen.append(score.index)
+        freed += score.tokens
+        if freed >= tokens_to_free:
+            break
+    return chosen
