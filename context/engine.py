@@ -1,19 +1,52 @@
-"""The ContextEngine protocol and the simplest engine, which sends the full history.
+"""The ContextEngine protocol, the default engine, and the full-history engine.
 
-The runner owns all I/O: it loads the session, hands the engine messages and settings, and gets
-a plan back. Engines are chosen by name through the `gatehouse.context_engines` entry points.
+The runner owns all I/O: it loads the session, resolves the window, the counter and the history
+limit, and hands the engine messages and settings; the engine returns a plan (the prompt, and
+the facts that explain it). Engines are chosen by name through the
+`gatehouse.context_engines` entry points (`[context] engine = "default"`).
+
+The default engine's work per turn is proportional to what the prompt can hold, not to the
+session's length: it walks the history backwards from the newest message and stops once the
+history limit or the budget is reached, using token counts cached on each message.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
+from context.budget import Budget, BudgetSettings, Tier, make_budget
+from context.history import SYSTEM_SOURCE, LimitResolution, choose_turns_to_drop, split_turns
+from context.pruning import clear_old_results, soft_trim_old_results
+from context.tokens import TokenCounter, estimate_counter
 from context.types import Message
+from context.window import WindowResolution
 
 Summarizer = Callable[[Sequence[Message], str], Awaitable[str]]
 """An async callable: (messages to summarize, instructions) -> summary text."""
+
+
+@dataclass(frozen=True, slots=True)
+class ContextSettings:
+    """What the runner resolved for this session (each with its source)."""
+
+    window: WindowResolution
+    counter: TokenCounter
+    history_limit: LimitResolution = LimitResolution(0, SYSTEM_SOURCE)
+    budget: BudgetSettings = BudgetSettings()
+    calibration_ratio: float = 1.0
+    """Provider-reported prompt tokens / locally counted tokens, from the last turns."""
+    tools_tokens: int = 0
+    """Tokens of the tool schemas sent with every call."""
+    keep_recent_tool_results: int = 3
+
+
+def default_settings(window_tokens: int = 200_000) -> ContextSettings:
+    return ContextSettings(
+        window=WindowResolution(tokens=window_tokens, source="default"),
+        counter=estimate_counter(),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,10 +56,13 @@ class TurnContext:
     session_key: str
     system_prompt: str
     history: Sequence[Message]
-    """The conversation before this turn, in order (stored messages, counts cached)."""
+    """The conversation before this turn, in order (after the latest summary's range)."""
     incoming: Sequence[Message]
-    """This turn's new user messages; always sent."""
+    """This turn's new user messages (and the turn's tool rounds so far); always sent."""
     model: str = ""
+    settings: ContextSettings | None = None
+    summary: str | None = None
+    """The latest compaction summary, when one covers the start of the history."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +72,15 @@ class ContextPlan:
     messages: list[Message]
     notes: tuple[str, ...] = ()
     facts: dict[str, Any] = field(default_factory=dict)
+    tier: Tier = Tier.FITS
+    error: str | None = None
+    """Set when no prompt can be built (e.g. the new message alone exceeds the window)."""
+    counted: tuple[Message, ...] = ()
+    """Stored messages whose token counts were computed this turn (for the runner to cache)."""
+
+    @property
+    def wants_compaction(self) -> bool:
+        return self.tier in (Tier.COMPACT, Tier.COMPACT_THEN_DROP)
 
 
 @runtime_checkable
@@ -64,13 +109,17 @@ def drop_orphaned_tool_messages(messages: Sequence[Message]) -> list[Message]:
                 offered.update(tc.id for tc in m.tool_calls)
                 out.append(m)
             elif m.text:
-                out.append(Message(role="assistant", content=m.content, seq=m.seq, tokens=None))
+                out.append(replace(m, tool_calls=(), tokens=None))
         elif m.role == "tool":
             if m.tool_call_id in offered:
                 out.append(m)
         else:
             out.append(m)
     return out
+
+
+def summary_message(summary: str) -> Message:
+    return Message(role="system", content=summary)
 
 
 class FullHistoryEngine:
@@ -80,8 +129,210 @@ class FullHistoryEngine:
 
     def assemble(self, turn: TurnContext) -> ContextPlan:
         system = Message(role="system", content=turn.system_prompt)
-        body = drop_orphaned_tool_messages([*turn.history, *turn.incoming])
+        head = [summary_message(turn.summary)] if turn.summary else []
+        body = drop_orphaned_tool_messages([*head, *turn.history, *turn.incoming])
         return ContextPlan(messages=[system, *body], notes=("full history",))
+
+    async def compact(self, turn: TurnContext, summarizer: Summarizer) -> ContextPlan | None:
+        return None
+
+    def after_turn(self, turn: TurnContext, prompt_tokens: int | None) -> None:
+        return None
+
+
+def _history_start(history: Sequence[Message], limit: int) -> int:
+    """Index of the first message of the last `limit` user turns (0 = unlimited): O(kept)."""
+    if limit <= 0:
+        return 0
+    seen = 0
+    for i in range(len(history) - 1, -1, -1):
+        if history[i].role == "user":
+            seen += 1
+            if seen == limit:
+                return i
+    return 0
+
+
+def _tokens(m: Message, counter: TokenCounter) -> int:
+    return m.tokens if m.tokens is not None else counter.count_message(m)
+
+
+class DefaultContextEngine:
+    """History limit -> tool-result pruning -> budget check -> overflow tier.
+
+    Compaction is a hook (`compact`) that the compaction engine fills; until then the compaction
+    tiers drop the oldest whole turns, and the plan says so.
+    """
+
+    name = "default"
+
+    def assemble(self, turn: TurnContext) -> ContextPlan:
+        settings = turn.settings or default_settings()
+        counter = settings.counter
+        budget = make_budget(settings.window.tokens, settings.budget)
+        ratio = settings.calibration_ratio
+        notes: list[str] = []
+        counted: list[Message] = []
+
+        def count(m: Message) -> Message:
+            if m.tokens is None:
+                m = m.with_tokens(counter.count_message(m))
+                if m.seq is not None:
+                    counted.append(m)
+            return m
+
+        system = count(Message(role="system", content=turn.system_prompt))
+        head = [count(summary_message(turn.summary))] if turn.summary else []
+        incoming = [count(m) for m in turn.incoming]
+        fixed = system.tokens or 0
+        fixed += sum(m.tokens or 0 for m in head) + settings.tools_tokens
+        incoming_tokens = sum(m.tokens or 0 for m in incoming)
+
+        # 1. History limit, in user turns.
+        history = turn.history
+        start = _history_start(history, settings.history_limit.limit)
+        if start:
+            notes.append(
+                f"history limit: {settings.history_limit.describe()}; "
+                f"{start} older messages not sent"
+            )
+
+        # 2. Walk back from the newest message until well past what could ever fit.
+        ceiling = int(budget.usable * 1.25 / ratio) + 1
+        room = ceiling - fixed - incoming_tokens
+        index = len(history)
+        acc = 0
+        newest_first: list[Message] = []
+        while index > start and acc <= room:
+            index -= 1
+            m = count(history[index])
+            acc += m.tokens or 0
+            newest_first.append(m)
+        kept = newest_first[::-1]
+        truncated_walk = index > start
+        if truncated_walk:  # never start inside a turn: move forward to a user message
+            while kept and kept[0].role != "user":
+                kept.pop(0)
+
+        # 3. Old tool results: soft trim, then clear, when over their share.
+        tool_tokens = sum(m.tokens or 0 for m in kept if m.role == "tool")
+        pruned = 0
+        if tool_tokens > budget.tool_results_cap:
+            keep_recent = settings.keep_recent_tool_results
+            trimmed = soft_trim_old_results(kept, keep_recent=keep_recent)
+            kept = [count(m) for m in trimmed.messages]
+            pruned += trimmed.count
+            tool_tokens = sum(m.tokens or 0 for m in kept if m.role == "tool")
+            if tool_tokens > budget.tool_results_cap:
+                cleared = clear_old_results(kept, keep_recent=keep_recent)
+                kept = [count(m) for m in cleared.messages]
+                pruned += cleared.count
+            notes.append(f"old tool results over their share: {pruned} trimmed or cleared")
+
+        history_tokens = sum(m.tokens or 0 for m in kept)
+        local_total = fixed + history_tokens + incoming_tokens
+        total = round(local_total * ratio)
+        tier = budget.tier(total) if not truncated_walk else Tier.COMPACT_THEN_DROP
+        facts = self._facts(settings, budget, turn, start, local_total, total, tier)
+        facts["pruned_tool_results"] = pruned
+
+        if round((fixed + incoming_tokens) * ratio) > budget.usable:
+            error = (
+                f"The new message needs {incoming_tokens:,} tokens; with the system prompt that "
+                f"is more than the {budget.usable:,} tokens usable of model "
+                f"{turn.model or settings.window.model!r}'s {budget.window:,}-token window "
+                f"({settings.window.source}). Please send it in smaller parts."
+            )
+            return ContextPlan([], tuple(notes), facts, tier, error, tuple(counted))
+
+        # 4. Overflow tiers. Compaction is not available in this engine: every tier drops.
+        dropped_desc: list[str] = []
+        if tier is not Tier.FITS:
+            kept, dropped_desc = self._drop_to_fit(
+                kept, budget.usable, fixed + incoming_tokens, ratio, tier
+            )
+            history_tokens = sum(m.tokens or 0 for m in kept)
+            notes.append(
+                f"over budget ({tier.value}): dropped {len(dropped_desc)} turns"
+                + (" (compaction would run here)" if tier is not Tier.DROP_OLDEST else "")
+            )
+        facts["dropped_turns"] = dropped_desc
+        sent_local = fixed + history_tokens + incoming_tokens
+        facts["tokens"].update(
+            system=system.tokens or 0,
+            tools=settings.tools_tokens,
+            summary=sum(m.tokens or 0 for m in head),
+            history=history_tokens,
+            incoming=incoming_tokens,
+            sent_local=sent_local,
+            prompt=round(sent_local * ratio),
+        )
+        body = drop_orphaned_tool_messages([*head, *kept, *incoming])
+        return ContextPlan([system, *body], tuple(notes), facts, tier, None, tuple(counted))
+
+    def _drop_to_fit(
+        self, kept: list[Message], usable: int, fixed: int, ratio: float, tier: Tier
+    ) -> tuple[list[Message], list[str]]:
+        """Drop whole turns: least important first for a small overflow, else oldest first."""
+        turns = split_turns(kept)
+        need = round((fixed + sum(m.tokens or 0 for m in kept)) * ratio) - usable
+        to_free = int(need / ratio) + 1
+        if tier is Tier.DROP_OLDEST:
+            order = choose_turns_to_drop(turns, to_free, protect_last=1)
+        else:
+            order = list(range(len(turns)))
+        drop: set[int] = set()
+        freed = 0
+        for index in order:
+            if freed >= to_free:
+                break
+            drop.add(index)
+            freed += sum(m.tokens or 0 for m in turns[index].messages)
+        if freed < to_free:  # the importance order protected too much: fall back to oldest
+            for index in range(len(turns)):
+                if freed >= to_free:
+                    break
+                if index not in drop:
+                    drop.add(index)
+                    freed += sum(m.tokens or 0 for m in turns[index].messages)
+        described = [
+            f"seq {t.first_seq}-{t.last_seq}" for i, t in enumerate(turns) if i in drop
+        ]
+        out = [m for i, t in enumerate(turns) if i not in drop for m in t.messages]
+        return out, described
+
+    def _facts(
+        self,
+        settings: ContextSettings,
+        budget: Budget,
+        turn: TurnContext,
+        start: int,
+        local_total: int,
+        total: int,
+        tier: Tier,
+    ) -> dict[str, Any]:
+        return {
+            "engine": self.name,
+            "model": turn.model or settings.window.model,
+            "window": settings.window.tokens,
+            "window_source": settings.window.source,
+            "window_warning": settings.window.warning,
+            "counter": settings.counter.name,
+            "counter_exact": settings.counter.exact,
+            "calibration_ratio": round(settings.calibration_ratio, 4),
+            "history_limit": settings.history_limit.limit,
+            "history_limit_source": settings.history_limit.source,
+            "messages_before_limit": start,
+            "budget": [
+                {"name": n, "tokens": t, "why": w} for n, t, w in budget.table()
+            ],
+            "tokens": {"local_total": local_total, "calibrated_total": total},
+            "flush_threshold": budget.flush_at,
+            "compaction_threshold": budget.compact_at,
+            "to_flush": budget.flush_at - total,
+            "to_compaction": budget.compact_at - total,
+            "tier": tier.value,
+        }
 
     async def compact(self, turn: TurnContext, summarizer: Summarizer) -> ContextPlan | None:
         return None

@@ -175,24 +175,21 @@ def resolve_history_limit(
     the group rules, looked up by `chat_id` (for a thread, pass the id the config names — its
     parent channel). An unknown platform gets the system default.
     """
-    section = f"[channels.{platform}"
     p = limits.platforms.get(platform)
     if p is not None:
+        section = f"[channels.{platform}"
         if chat_type in DM_CHAT_TYPES:
-            candidates = [(f"{section}.dms.{{}}] history_limit", p.dms, user_id)]
-            default = (f"{section}] dm_history_limit", p.dm_default)
+            tables = [("dms", p.dms, user_id)]
+            default_key, default = f"{section}] dm_history_limit", p.dm_default
         else:
-            candidates = [
-                (f"{section}.channels.{{}}] history_limit", p.channels, chat_id),
-                (f"{section}.groups.{{}}] history_limit", p.groups, chat_id),
-            ]
-            default = (f"{section}] history_limit", p.group_default)
-        for source, table, ident in candidates:
+            tables = [("channels", p.channels, chat_id), ("groups", p.groups, chat_id)]
+            default_key, default = f"{section}] history_limit", p.group_default
+        for name, table, ident in tables:
             value = table.get(ident) if ident is not None else None
-            if value is not None and ident is not None:
-                return LimitResolution(value, source.format(_key(ident)))
-        if default[1] is not None:
-            return LimitResolution(default[1], default[0])
+            if value is not None:
+                return LimitResolution(value, f"{section}.{name}.{_key(str(ident))}] history_limit")
+        if default is not None:
+            return LimitResolution(default, default_key)
     return LimitResolution(limits.system_default, SYSTEM_SOURCE)
 
 

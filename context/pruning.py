@@ -114,6 +114,7 @@ def cap_tool_output(text: str, max_chars: int, *, artifact: str | None = None) -
     shorter marker, and below five chars to a plain cut.
     """
     note = f"full output saved to {artifact}" if artifact else "full output not saved"
+    note = note.replace("{", "{{").replace("}", "}}")  # the marker is a format string
     formats = (
         f"\n[... {{:,}} characters omitted; {note} ...]\n",
         "\n[... {:,} chars omitted ...]\n",
@@ -124,7 +125,7 @@ def cap_tool_output(text: str, max_chars: int, *, artifact: str | None = None) -
 
 def _cap(text: str, max_chars: int, formats: Sequence[str], head_share: float) -> CappedOutput:
     """Cap with the first marker format (longest first) that leaves room for any text."""
-    n = len(text)
+    n, max_chars = len(text), max(max_chars, 0)
     if n <= max_chars:
         return CappedOutput(text, False, n, n, 0)
     for fmt in formats:
@@ -132,8 +133,7 @@ def _cap(text: str, max_chars: int, formats: Sequence[str], head_share: float) -
         spans = _plan_spans(text, max_chars, len(fmt.format(n)), head_share)
         if spans is not None:
             return _render(text, spans, fmt)
-    cut = max(max_chars, 0)
-    return CappedOutput(text[:cut], True, n, cut, 0)
+    return CappedOutput(text[:max_chars], True, n, max_chars, 0)
 
 
 def _plan_spans(

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from channels.base import Channel, InboundMessage, InboundResult, OutboundMessage
 from gateway.config import Config
+from gateway.context_setup import ContextResolver
 from gateway.engines import load_engine
 from gateway.llm import NOT_CONFIGURED, LLMProvider
 from gateway.queue import LanesClosedError, SessionLanes
@@ -28,8 +29,15 @@ class Gateway:
         self.llm = LLMProvider(config.llm)
         self.engine = load_engine(config.context.engine)
         self.channels: dict[str, Channel] = {}
+        self.resolver = ContextResolver(config, self.llm)
         self.runner = Runner(
-            config, self.store, self.engine, self.llm, tools or default_registry(), self.deliver
+            config,
+            self.store,
+            self.engine,
+            self.llm,
+            tools or default_registry(),
+            self.deliver,
+            self.resolver,
         )
         self.lanes = SessionLanes(self.runner.run_turn, config.gateway.max_concurrent_turns)
         self._started = False
@@ -41,6 +49,7 @@ class Gateway:
         """Open the store and workspace, start channels, resume any unanswered messages."""
         ensure_workspace(self.config.workspace)
         await self.store.init()
+        await self.resolver.start()
         if not self.llm.configured:
             log.warning(NOT_CONFIGURED)
         for channel in self.channels.values():
@@ -53,6 +62,7 @@ class Gateway:
     async def stop(self, grace: float = 10.0) -> None:
         """Finish in-flight turns (or record them as interrupted), then close everything."""
         await self.lanes.close(grace)
+        await self.resolver.stop()
         for channel in self.channels.values():
             try:
                 await channel.stop()

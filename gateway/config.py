@@ -184,6 +184,19 @@ class ChannelsSection(_Strict):
 class ContextSection(_Strict):
     engine: str = "default"
     history_limit: int = Field(default=0, ge=0, description="0 means unlimited")
+    reserve_tokens: int = Field(default=20_000, ge=0, description="reserve floor")
+    max_output_tokens: int = Field(default=4_096, ge=1)
+    tool_result_share: float = Field(
+        default=0.3, gt=0, le=1, description="one tool result may use this share of the window"
+    )
+    tool_results_share: float = Field(
+        default=0.3, gt=0, le=1, description="all tool results in a prompt, before old ones trim"
+    )
+    keep_recent_tool_results: int = Field(default=3, ge=0)
+
+
+class MemorySection(_Strict):
+    flush_soft_tokens: int = Field(default=4_000, ge=0)
 
 
 class ModelSection(_Strict):
@@ -201,6 +214,7 @@ class Config(_Strict):
     sessions: SessionsSection = Field(default_factory=SessionsSection)
     channels: ChannelsSection = Field(default_factory=ChannelsSection)
     context: ContextSection = Field(default_factory=ContextSection)
+    memory: MemorySection = Field(default_factory=MemorySection)
     models: dict[str, ModelSection] = Field(default_factory=dict)
     agent: AgentSection = Field(default_factory=AgentSection)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from importlib.metadata import entry_points
 
-from context.engine import ContextEngine, FullHistoryEngine
+from context.engine import ContextEngine, DefaultContextEngine, FullHistoryEngine
 
 GROUP = "gatehouse.context_engines"
-_BUILTIN: dict[str, type] = {"default": FullHistoryEngine, "full-history": FullHistoryEngine}
+_BUILTIN: dict[str, type] = {"default": DefaultContextEngine, "full-history": FullHistoryEngine}
 
 
 def available_engines() -> list[str]:

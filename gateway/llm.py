@@ -28,6 +28,10 @@ NOT_CONFIGURED = (
 )
 
 
+REPORTED_WINDOW_FIELDS = ("max_model_len", "context_length", "context_window", "max_context_length")
+"""Fields OpenAI-compatible servers use for a model's window (vLLM, OpenRouter, LM Studio...)."""
+
+
 class LLMError(Exception):
     """A failed model call, with a message that can be shown to the user as it is."""
 
@@ -75,6 +79,25 @@ class LLMProvider:
     @property
     def configured(self) -> bool:
         return self._client is not None
+
+    async def reported_window(self, timeout: float = 5.0) -> tuple[int, str] | None:
+        """The context length the server reports for our model (vLLM `max_model_len`, ...)."""
+        if self._client is None:
+            return None
+        try:
+            page = await self._client.with_options(timeout=timeout, max_retries=0).models.list()
+        except (openai.OpenAIError, ValueError) as exc:
+            log.info("model metadata unavailable from %s: %s", self.settings.base_url, exc)
+            return None
+        for model in page.data:
+            if model.id != self.model:
+                continue
+            extra = model.model_extra or {}
+            for field_name in REPORTED_WINDOW_FIELDS:
+                value = extra.get(field_name)
+                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    return value, field_name
+        return None
 
     async def close(self) -> None:
         if self._client is not None:

@@ -126,7 +126,14 @@ LIMITS = HistoryLimits(
         # group: per-chat → platform default → system default
         ("telegram", "group", "-1001", "5", 10, '[channels.telegram.groups."-1001"] history_limit'),
         ("telegram", "group", "-1002", "5", 20, "[channels.telegram] history_limit"),
-        ("telegram", "thread", "-1001", "5", 10, '[channels.telegram.groups."-1001"] history_limit'),
+        (
+            "telegram",
+            "thread",
+            "-1001",
+            "5",
+            10,
+            '[channels.telegram.groups."-1001"] history_limit',
+        ),
         ("discord", "group", "999", "5", 30, SYSTEM_SOURCE),
         # Slack / Discord `channels` map, checked before `groups`
         ("slack", "channel", "C01", "U1", 15, '[channels.slack.channels."C01"] history_limit'),
@@ -238,9 +245,10 @@ def transcripts(draw: st.DrawFn) -> list[Message]:
         for _ in range(draw(st.integers(0, 3))):
             calls = [f"c{next(ids)}" for _ in range(draw(st.integers(1, 3)))]
             out.append(call(*calls))
-            results = [result(c) for c in calls if draw(st.integers(0, 9)) != 0]
-            results = draw(st.permutations(results))
-            if results and draw(st.booleans()) and draw(st.booleans()):
+            answered = [result(c) for c in calls if draw(st.integers(0, 9)) != 0]
+            results: list[Message] = draw(st.permutations(answered))
+            interrupted = draw(st.integers(0, 3)) == 0
+            if results and interrupted:
                 results = [results[0], user("meanwhile"), *results[1:]]
             out.extend(results)
         if draw(st.booleans()):
