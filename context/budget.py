@@ -8,7 +8,7 @@ about whether a session is full.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +44,7 @@ def effective_reserve(window: int, settings: BudgetSettings) -> Reserve:
     return Reserve(wanted, f"[context] max_output_tokens = {settings.max_output_tokens:,}")
 
 
-class Tier(str, Enum):
+class Tier(StrEnum):
     """What to do when the prompt is over budget (by how far over the usable tokens it is)."""
 
     FITS = "fits"

@@ -33,8 +33,10 @@ class ContextSettings:
 
     window: WindowResolution
     counter: TokenCounter
-    history_limit: LimitResolution = LimitResolution(0, SYSTEM_SOURCE)
-    budget: BudgetSettings = BudgetSettings()
+    history_limit: LimitResolution = field(
+        default_factory=lambda: LimitResolution(0, SYSTEM_SOURCE)
+    )
+    budget: BudgetSettings = field(default_factory=BudgetSettings)
     calibration_ratio: float = 1.0
     """Provider-reported prompt tokens / locally counted tokens, from the last turns."""
     tools_tokens: int = 0

@@ -28,6 +28,7 @@ from context.tokens import TokenCounter
 from context.types import Message
 
 __all__ = [
+    "SYSTEM_SOURCE",
     "HistoryCut",
     "HistoryLimits",
     "LimitResolution",

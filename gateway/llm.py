@@ -80,12 +80,12 @@ class LLMProvider:
     def configured(self) -> bool:
         return self._client is not None
 
-    async def reported_window(self, timeout: float = 5.0) -> tuple[int, str] | None:
+    async def reported_window(self, wait: float = 5.0) -> tuple[int, str] | None:
         """The context length the server reports for our model (vLLM `max_model_len`, ...)."""
         if self._client is None:
             return None
         try:
-            page = await self._client.with_options(timeout=timeout, max_retries=0).models.list()
+            page = await self._client.with_options(timeout=wait, max_retries=0).models.list()
         except (openai.OpenAIError, ValueError) as exc:
             log.info("model metadata unavailable from %s: %s", self.settings.base_url, exc)
             return None
