@@ -9,7 +9,7 @@ import signal
 import sys
 from importlib import resources
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -37,6 +37,8 @@ app = typer.Typer(
 )
 sessions_app = typer.Typer(help="Inspect sessions.", no_args_is_help=True)
 app.add_typer(sessions_app, name="sessions")
+context_app = typer.Typer(help="Inspect and manage the context engine.", no_args_is_help=True)
+app.add_typer(context_app, name="context")
 
 
 class State:
@@ -271,6 +273,69 @@ def sessions_show(
             content = (content or "") + " " + json.dumps(m["tool_calls"])
         table.add_row(str(m["seq"]), m["role"], escape(content or ""))
     console.print(table)
+
+
+@context_app.command("explain")
+def context_explain(
+    key: Annotated[str, typer.Argument(help="Session key (see `gatehouse sessions list`)")],
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
+    offline: Annotated[
+        bool, typer.Option("--offline", help="Don't ask the LLM server for model metadata")
+    ] = False,
+) -> None:
+    """Explain every limit applied to a session, and where each one comes from."""
+    from gateway.context_setup import explain_session
+
+    setup_logging("ERROR" if state.log_level == "INFO" else state.log_level)
+    facts = asyncio.run(explain_session(_config(), key, fetch_metadata=not offline))
+    if facts is None:
+        err_console.print(f"no session {key!r} (see `gatehouse sessions list`)", highlight=False)
+        raise typer.Exit(1)
+    if as_json:
+        print(json.dumps(facts, indent=2, ensure_ascii=False))
+        return
+    _print_explain(facts)
+
+
+def _print_explain(f: dict[str, Any]) -> None:
+    console.print(f"[bold]{escape(f['session'])}[/bold] ({f['platform']}, {f['chat_type']})")
+    rows = [
+        ("engine", f["engine"], ""),
+        ("model", f["model"], ""),
+        ("context window", f"{f['window']:,} tokens", f["window_source"]),
+        ("token counter", f["counter"], "exact" if f["counter_exact"] else "estimate ×1.2"),
+        ("usage calibration", f["calibration"], "provider usage.prompt_tokens"),
+        ("history limit", f["history_limit_text"], f["history_limit_source"]),
+    ]
+    facts = Table("setting", "value", "source", title="Resolved limits")
+    for name, value, source in rows:
+        facts.add_row(name, escape(str(value)), escape(str(source)))
+    console.print(facts)
+    if f.get("window_warning"):
+        console.print(f"[yellow]warning:[/yellow] {escape(f['window_warning'])}")
+    if f.get("window_too_small"):
+        console.print("[red]turns are refused: the window is below 16,000 tokens[/red]")
+    budget = Table("budget", "tokens", "why", title="Budget")
+    for row in f["budget"]:
+        budget.add_row(row["name"], f"{row['tokens']:,}", escape(row["why"]))
+    console.print(budget)
+    tokens = f["tokens"]
+    now = Table("part", "tokens", title="Current prompt (next turn, before the new message)")
+    for part in ("system", "tools", "summary", "history", "prompt"):
+        now.add_row(part, f"{tokens.get(part, 0):,}")
+    now.add_row("whole stored history (local count)", f"{tokens['local_total']:,}")
+    console.print(now)
+    console.print(
+        f"stored messages: {f['stored_messages']:,}, in prompt: {f['messages_in_prompt']:,}; "
+        f"last provider-reported prompt tokens: {f['last_reported_prompt_tokens'] or '-'}"
+    )
+    console.print(
+        f"memory flush at {f['flush_threshold']:,} tokens ({f['to_flush']:,} to go); "
+        f"compaction at {f['compaction_threshold']:,} tokens ({f['to_compaction']:,} to go); "
+        f"overflow tier now: [bold]{f['tier']}[/bold]"
+    )
+    for note in f["notes"]:
+        console.print(f"- {escape(note)}")
 
 
 @app.command("config-check")

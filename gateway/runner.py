@@ -106,6 +106,7 @@ class Runner:
             TurnUsage(stats.prompt_tokens, stats.completion_tokens),
             reply_status=status,
             error=stats.error,
+            token_ratio=_calibrated_ratio(self.resolver, session_key),
         )
         stats.seconds = time.perf_counter() - started
         if self.on_turn is not None:
@@ -171,7 +172,10 @@ class Runner:
             user_id=claimed[-1].sender_id,
         )
         settings = self.resolver.settings_for(
-            session_key, where, tools_tokens=counter.count_tools(tool_specs)
+            session_key,
+            where,
+            tools_tokens=counter.count_tools(tool_specs),
+            stored_ratio=session.token_ratio,
         )
         if settings.window.too_small:
             raise TurnRefusedError(str(WindowTooSmallError(
@@ -244,6 +248,11 @@ class Runner:
             log.warning("could not save tool output to %s: %s", target, exc)
             return cap_tool_output(text, limit).text
         return cap_tool_output(text, limit, artifact=relative).text
+
+
+def _calibrated_ratio(resolver: ContextResolver, session_key: str) -> float | None:
+    cal = resolver.calibration(session_key)
+    return cal.ratio if cal.samples else None
 
 
 def _write_text(path: Path, text: str) -> None:

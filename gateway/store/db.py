@@ -276,6 +276,7 @@ class Store:
         *,
         reply_status: str | None = None,
         error: str | None = None,
+        token_ratio: float | None = None,
     ) -> None:
         """Store the reply, mark the turn's inbound messages answered and count usage: atomically."""
         ids = list(handled_ids)
@@ -286,6 +287,8 @@ class Store:
                 stmt = update(MessageRow).where(col(MessageRow.id).in_(ids))
                 await db.exec(stmt.values(handled=True, status=None))
             values: dict[str, Any] = {"turns": SessionRow.turns + 1, "last_error": error}
+            if token_ratio is not None:
+                values["token_ratio"] = token_ratio
             if usage.prompt_tokens is not None:
                 values["last_prompt_tokens"] = usage.prompt_tokens
                 values["tokens_in"] = SessionRow.tokens_in + usage.prompt_tokens

@@ -29,6 +29,8 @@ class SessionRow(SQLModel, table=True):
     next_seq: int = Field(default=1, sa_column=Column(BigInteger, nullable=False, default=1))
     # Token counters from the provider's reported usage.
     last_prompt_tokens: int | None = None
+    # Provider-reported / locally counted prompt tokens (the usage calibration), per session.
+    token_ratio: float | None = None
     tokens_in: int = 0
     tokens_out: int = 0
     turns: int = 0
