@@ -99,9 +99,13 @@ class Runner:
             stats.error = str(exc)
             reply = exc.user_message
             status = ERROR_STATUS
+        reply_message = Message(role="assistant", content=reply)
+        reply_message = reply_message.with_tokens(
+            self.resolver.counter.count_message(reply_message)
+        )
         await self.store.finish_turn(
             session.id,
-            Message(role="assistant", content=reply),
+            reply_message,
             (r.id for r in claimed if r.id is not None),
             TurnUsage(stats.prompt_tokens, stats.completion_tokens),
             reply_status=status,

@@ -1,0 +1,207 @@
+"""The default context engine: limits, pruning, budget and overflow tiers (pure)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from context.budget import BudgetSettings, Tier, make_budget
+from context.engine import (
+    ContextSettings,
+    DefaultContextEngine,
+    FullHistoryEngine,
+    TurnContext,
+    drop_orphaned_tool_messages,
+)
+from context.history import LimitResolution
+from context.tokens import estimate_counter
+from context.types import Message, ToolCall
+from context.window import WindowResolution
+
+ENGINE = DefaultContextEngine()
+COUNTER = estimate_counter()
+
+
+def ctx_settings(window: int = 100_000, limit: int = 0, ratio: float = 1.0) -> ContextSettings:
+    return ContextSettings(
+        window=WindowResolution(tokens=window, source="test"),
+        counter=COUNTER,
+        history_limit=LimitResolution(limit, "[test] history_limit"),
+        budget=BudgetSettings(reserve_tokens=1_000, max_output_tokens=500),
+        calibration_ratio=ratio,
+    )
+
+
+def conversation(turns: int, tokens: int = 100, with_tools: bool = False) -> list[Message]:
+    out: list[Message] = []
+    seq = 0
+    for i in range(turns):
+        seq += 1
+        out.append(Message(role="user", content=f"question {i}", seq=seq, tokens=tokens))
+        if with_tools and i % 2 == 0:
+            call = ToolCall(id=f"c{i}", name="lookup", arguments="{}")
+            seq += 1
+            out.append(Message(role="assistant", tool_calls=(call,), seq=seq, tokens=tokens))
+            seq += 1
+            out.append(
+                Message(role="tool", content="result", tool_call_id=f"c{i}", seq=seq, tokens=tokens)
+            )
+        seq += 1
+        out.append(Message(role="assistant", content=f"answer {i}", seq=seq, tokens=tokens))
+    return out
+
+
+def assemble(history: list[Message], new: str = "now?", **kw: object) -> tuple[list[Message], object]:
+    turn = TurnContext(
+        session_key="k",
+        system_prompt="You are terse.",
+        history=history,
+        incoming=[Message(role="user", content=new, seq=10_000)],
+        settings=ctx_settings(**kw),  # type: ignore[arg-type]
+    )
+    plan = ENGINE.assemble(turn)
+    return plan.messages, plan
+
+
+def test_everything_fits() -> None:
+    history = conversation(5)
+    messages, plan = assemble(history)
+    assert [m.text for m in messages[1:]] == [m.text for m in history] + ["now?"]
+    assert plan.tier is Tier.FITS  # type: ignore[attr-defined]
+    assert plan.facts["history_limit_source"] == "[test] history_limit"  # type: ignore[attr-defined]
+
+
+def test_history_limit_keeps_last_n_turns_and_the_current_message() -> None:
+    messages, plan = assemble(conversation(10), limit=3)
+    users = [m.text for m in messages if m.role == "user"]
+    assert users == ["question 7", "question 8", "question 9", "now?"]
+    assert any("history limit" in n for n in plan.notes)  # type: ignore[attr-defined]
+
+
+def test_limit_never_orphans_tool_calls() -> None:
+    messages, _ = assemble(conversation(9, with_tools=True), limit=2)
+    assert drop_orphaned_tool_messages(messages) == messages
+
+
+def test_small_overflow_drops_least_important_turns() -> None:
+    # usable = 6,000 - 1,000 = 5,000; 26 turns x 2 x 100 = 5,200 + prompt: ~5 % over
+    history = conversation(25)
+    messages, plan = assemble(history, window=6_000)
+    assert plan.tier is Tier.DROP_OLDEST  # type: ignore[attr-defined]
+    assert plan.facts["tokens"]["prompt"] <= 5_000  # type: ignore[attr-defined]
+    assert messages[-1].text == "now?"
+    assert plan.facts["dropped_turns"]  # type: ignore[attr-defined]
+
+
+def test_large_overflow_is_a_compaction_tier_that_drops_oldest_for_now() -> None:
+    messages, plan = assemble(conversation(100), window=6_000)
+    assert plan.tier is Tier.COMPACT_THEN_DROP  # type: ignore[attr-defined]
+    assert plan.wants_compaction  # type: ignore[attr-defined]
+    kept_users = [m.text for m in messages if m.role == "user"]
+    assert kept_users[-2:] == ["question 99", "now?"], "newest turns survive"
+    assert plan.facts["tokens"]["prompt"] <= 5_000  # type: ignore[attr-defined]
+
+
+def test_calibration_ratio_scales_the_total() -> None:
+    _, plain = assemble(conversation(20))
+    _, scaled = assemble(conversation(20), ratio=1.5)
+    assert scaled.facts["tokens"]["prompt"] == round(  # type: ignore[attr-defined]
+        plain.facts["tokens"]["prompt"] * 1.5  # type: ignore[attr-defined]
+    )
+
+
+def test_old_tool_results_are_trimmed_when_over_their_share() -> None:
+    big = "x" * 40_000
+    history: list[Message] = []
+    for i in range(6):
+        call = ToolCall(id=f"c{i}", name="cat", arguments="{}")
+        history += [
+            Message(role="user", content=f"read {i}"),
+            Message(role="assistant", tool_calls=(call,)),
+            Message(role="tool", content=big, tool_call_id=f"c{i}"),
+            Message(role="assistant", content="done"),
+        ]
+    messages, plan = assemble(history, window=120_000)
+    tool_texts = [m.text for m in messages if m.role == "tool"]
+    assert len(tool_texts) == 6, "results are trimmed, never removed"
+    assert all(len(t) < 40_000 for t in tool_texts[:3])
+    assert tool_texts[-3:] == [big] * 3, "the three most recent stay whole"
+    assert plan.facts["pruned_tool_results"] >= 3  # type: ignore[attr-defined]
+
+
+def test_a_message_larger_than_the_window_is_refused_clearly() -> None:
+    _, plan = assemble([], new="word " * 40_000, window=16_000)
+    assert plan.error and "smaller parts" in plan.error  # type: ignore[attr-defined]
+    assert plan.messages == []  # type: ignore[attr-defined]
+
+
+def test_counts_are_computed_once_and_reported_for_caching() -> None:
+    history = [Message(role="user", content="hello", seq=1), Message(role="assistant", content="hi", seq=2)]
+    _, plan = assemble(history)
+    assert {m.seq for m in plan.counted} == {1, 2, 10_000}  # type: ignore[attr-defined]
+    assert all(m.tokens for m in plan.counted)  # type: ignore[attr-defined]
+
+
+def test_full_history_engine_sends_everything() -> None:
+    history = conversation(50)
+    plan = FullHistoryEngine().assemble(
+        TurnContext("k", "sys", history, [Message(role="user", content="x")])
+    )
+    assert len(plan.messages) == 1 + len(history) + 1
+
+
+# -- properties ---------------------------------------------------------------------------
+
+
+@st.composite
+def transcripts(draw: st.DrawFn) -> list[Message]:
+    n_turns = draw(st.integers(0, 60))
+    out: list[Message] = []
+    seq = 0
+    for t in range(n_turns):
+        seq += 1
+        out.append(Message(role="user", content=f"u{t}", seq=seq, tokens=draw(st.integers(1, 3_000))))
+        for r in range(draw(st.integers(0, 3))):
+            ids = [f"t{t}r{r}c{c}" for c in range(draw(st.integers(1, 2)))]
+            seq += 1
+            calls = tuple(ToolCall(id=i, name="f") for i in ids)
+            out.append(Message(role="assistant", tool_calls=calls, seq=seq, tokens=draw(st.integers(1, 500))))
+            for i in ids:
+                seq += 1
+                out.append(
+                    Message(role="tool", content="r", tool_call_id=i, seq=seq,
+                            tokens=draw(st.integers(1, 4_000)))
+                )
+        seq += 1
+        out.append(Message(role="assistant", content=f"a{t}", seq=seq, tokens=draw(st.integers(1, 2_000))))
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    history=transcripts(),
+    window=st.integers(16_000, 200_000),
+    limit=st.integers(0, 30),
+    ratio=st.floats(0.5, 2.0),
+)
+def test_properties_budget_pairs_latest(
+    history: list[Message], window: int, limit: int, ratio: float
+) -> None:
+    s = ctx_settings(window=window, limit=limit, ratio=ratio)
+    plan = ENGINE.assemble(
+        TurnContext("k", "system", history, [Message(role="user", content="latest ask")], settings=s)
+    )
+    usable = make_budget(window, s.budget).usable
+    assert plan.error is None
+    # 1. never over window - reserve
+    assert plan.facts["tokens"]["prompt"] <= usable
+    # 2. tool calls and results stay paired
+    assert drop_orphaned_tool_messages(plan.messages) == plan.messages
+    calls = {c.id for m in plan.messages for c in m.tool_calls}
+    results = {m.tool_call_id for m in plan.messages if m.role == "tool"}
+    assert calls == results
+    # 3. the latest user message is always there, last
+    assert plan.messages[-1].text == "latest ask"
+    # 4. what is kept is a suffix of whole turns, in order
+    kept_seqs = [m.seq for m in plan.messages if m.seq is not None]
+    assert kept_seqs == sorted(kept_seqs)
