@@ -130,7 +130,7 @@ async def test_huge_tool_output_is_capped_and_saved(
     try:
         fake_llm.script(tool_call("dump", {}), reply("saw it"))
         assert await rg.ask("run it") == ["saw it"]
-        sent = [m for m in fake_llm.requests[-1]["messages"] if m["role"] == "tool"][0]["content"]
+        sent = next(m for m in fake_llm.requests[-1]["messages"] if m["role"] == "tool")["content"]
         assert len(sent) < 40_000
         assert "ValueError: boom" in sent, "the error tail is kept"
         assert "full output saved to artifacts/" in sent
