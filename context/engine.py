@@ -12,19 +12,18 @@ history limit or the budget is reached, using token counts cached on each messag
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 from context.budget import Budget, BudgetSettings, Tier, make_budget
+from context.compaction import CompactionResult, CompactionSettings, SummaryCall
+from context.compaction import compact as run_compaction
 from context.history import SYSTEM_SOURCE, LimitResolution, choose_turns_to_drop, split_turns
 from context.pruning import clear_old_results, soft_trim_old_results
 from context.tokens import TokenCounter, estimate_counter
 from context.types import Message
 from context.window import WindowResolution
-
-Summarizer = Callable[[Sequence[Message], str], Awaitable[str]]
-"""An async callable: (messages to summarize, instructions) -> summary text."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +41,8 @@ class ContextSettings:
     tools_tokens: int = 0
     """Tokens of the tool schemas sent with every call."""
     keep_recent_tool_results: int = 3
+    compaction: CompactionSettings | None = None
+    """Compaction knobs; its `window` is replaced by the resolved window."""
 
 
 def default_settings(window_tokens: int = 200_000) -> ContextSettings:
@@ -65,6 +66,7 @@ class TurnContext:
     settings: ContextSettings | None = None
     summary: str | None = None
     """The latest compaction summary, when one covers the start of the history."""
+    summary_first_seq: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +93,9 @@ class ContextEngine(Protocol):
 
     def assemble(self, turn: TurnContext) -> ContextPlan: ...
 
-    async def compact(self, turn: TurnContext, summarizer: Summarizer) -> ContextPlan | None: ...
+    async def compact(
+        self, turn: TurnContext, summarize: SummaryCall, instructions: str = ""
+    ) -> CompactionResult | None: ...
 
     def after_turn(self, turn: TurnContext, prompt_tokens: int | None) -> None: ...
 
@@ -135,11 +139,16 @@ class FullHistoryEngine:
         body = drop_orphaned_tool_messages([*head, *turn.history, *turn.incoming])
         return ContextPlan(messages=[system, *body], notes=("full history",))
 
-    async def compact(self, turn: TurnContext, summarizer: Summarizer) -> ContextPlan | None:
+    async def compact(
+        self, turn: TurnContext, summarize: SummaryCall, instructions: str = ""
+    ) -> CompactionResult | None:
         return None
 
     def after_turn(self, turn: TurnContext, prompt_tokens: int | None) -> None:
         return None
+
+
+PRUNE_CACHE_SIZE = 4_096
 
 
 def _history_start(history: Sequence[Message], limit: int) -> int:
@@ -162,11 +171,15 @@ def _tokens(m: Message, counter: TokenCounter) -> int:
 class DefaultContextEngine:
     """History limit -> tool-result pruning -> budget check -> overflow tier.
 
-    Compaction is a hook (`compact`) that the compaction engine fills; until then the compaction
-    tiers drop the oldest whole turns, and the plan says so.
+    When the plan's tier asks for compaction, the runner calls `compact` and assembles again;
+    if compaction is not possible (cool-down, failure) the tier drops the oldest whole turns,
+    and the plan says so.
     """
 
     name = "default"
+
+    def __init__(self) -> None:
+        self._prune_cache: dict[tuple[str, str, str], tuple[Any, int]] = {}
 
     def assemble(self, turn: TurnContext) -> ContextPlan:
         settings = turn.settings or default_settings()
@@ -199,15 +212,31 @@ class DefaultContextEngine:
                 f"{start} older messages not sent"
             )
 
-        # 2. Walk back from the newest message until well past what could ever fit.
+        # 2. Walk back from the newest message until well past what could ever fit. Old tool
+        #    results beyond the newest `keep_recent` are soft-trimmed, then cleared, once all
+        #    tool results together exceed their share; their pruned size is what counts.
         ceiling = int(budget.usable * 1.25 / ratio) + 1
         room = ceiling - fixed - incoming_tokens
+        keep_recent = settings.keep_recent_tool_results
+        tool_cap = budget.tool_results_cap
         index = len(history)
-        acc = 0
+        acc = tool_acc = tools_seen = 0
+        trimmed_n = cleared_n = 0
         newest_first: list[Message] = []
         while index > start and acc <= room:
             index -= 1
             m = count(history[index])
+            if m.role == "tool":
+                tools_seen += 1
+                if tools_seen > keep_recent and tool_acc + (m.tokens or 0) > tool_cap:
+                    trimmed = self._pruned(m, "trim", counter)
+                    if trimmed is not m and tool_acc + (trimmed.tokens or 0) <= tool_cap:
+                        m = trimmed
+                        trimmed_n += 1
+                    else:
+                        m = self._pruned(m, "clear", counter)
+                        cleared_n += 1
+                tool_acc += m.tokens or 0
             acc += m.tokens or 0
             newest_first.append(m)
         kept = newest_first[::-1]
@@ -215,21 +244,12 @@ class DefaultContextEngine:
         if truncated_walk:  # never start inside a turn: move forward to a user message
             while kept and kept[0].role != "user":
                 kept.pop(0)
-
-        # 3. Old tool results: soft trim, then clear, when over their share.
-        tool_tokens = sum(m.tokens or 0 for m in kept if m.role == "tool")
-        pruned = 0
-        if tool_tokens > budget.tool_results_cap:
-            keep_recent = settings.keep_recent_tool_results
-            trimmed = soft_trim_old_results(kept, keep_recent=keep_recent)
-            kept = [count(m) for m in trimmed.messages]
-            pruned += trimmed.count
-            tool_tokens = sum(m.tokens or 0 for m in kept if m.role == "tool")
-            if tool_tokens > budget.tool_results_cap:
-                cleared = clear_old_results(kept, keep_recent=keep_recent)
-                kept = [count(m) for m in cleared.messages]
-                pruned += cleared.count
-            notes.append(f"old tool results over their share: {pruned} trimmed or cleared")
+        pruned = trimmed_n + cleared_n
+        if pruned:
+            notes.append(
+                f"old tool results over their {tool_cap:,}-token share: "
+                f"{trimmed_n} trimmed, {cleared_n} cleared"
+            )
 
         history_tokens = sum(m.tokens or 0 for m in kept)
         local_total = fixed + history_tokens + incoming_tokens
@@ -256,7 +276,7 @@ class DefaultContextEngine:
             history_tokens = sum(m.tokens or 0 for m in kept)
             notes.append(
                 f"over budget ({tier.value}): dropped {len(dropped_desc)} turns"
-                + (" (compaction would run here)" if tier is not Tier.DROP_OLDEST else "")
+                + (" to fit (compaction tier)" if tier is not Tier.DROP_OLDEST else "")
             )
         facts["dropped_turns"] = dropped_desc
         sent_local = fixed + history_tokens + incoming_tokens
@@ -271,6 +291,27 @@ class DefaultContextEngine:
         )
         body = drop_orphaned_tool_messages([*head, *kept, *incoming])
         return ContextPlan([system, *body], tuple(notes), facts, tier, None, tuple(counted))
+
+    def _pruned(self, m: Message, mode: str, counter: TokenCounter) -> Message:
+        """A tool result soft-trimmed or cleared, memoized: old results are pruned the same way
+        every turn, so each is scanned and counted once, not once per turn."""
+        # Keyed by content, not seq: one engine serves every session, and seqs repeat across
+        # sessions. A str caches its hash, so this stays cheap for large results.
+        key = (mode, counter.name, m.text)
+        hit = self._prune_cache.get(key)
+        if hit is None:
+            if mode == "trim":
+                result = soft_trim_old_results([m], keep_recent=0)
+                if not result.count:
+                    return m
+                pruned = result.messages[0]
+            else:
+                pruned = clear_old_results([m], keep_recent=0).messages[0]
+            hit = (pruned.content, counter.count_message(pruned))
+            if len(self._prune_cache) >= PRUNE_CACHE_SIZE:
+                self._prune_cache.pop(next(iter(self._prune_cache)))
+            self._prune_cache[key] = hit
+        return replace(m, content=hit[0], tokens=hit[1])
 
     def _drop_to_fit(
         self, kept: list[Message], usable: int, fixed: int, ratio: float, tier: Tier
@@ -336,8 +377,27 @@ class DefaultContextEngine:
             "tier": tier.value,
         }
 
-    async def compact(self, turn: TurnContext, summarizer: Summarizer) -> ContextPlan | None:
-        return None
+    async def compact(
+        self, turn: TurnContext, summarize: SummaryCall, instructions: str = ""
+    ) -> CompactionResult | None:
+        """Summarize everything but the recent turns (see `context.compaction`)."""
+        settings = turn.settings or default_settings()
+        budget = make_budget(settings.window.tokens, settings.budget)
+        base = settings.compaction or CompactionSettings(window=settings.window.tokens)
+        knobs = replace(
+            base,
+            window=settings.window.tokens,
+            instructions=instructions or base.instructions,
+            summary_budget_tokens=budget.summary_cap,
+        )
+        return await run_compaction(
+            [*turn.history, *turn.incoming],
+            previous_summary=turn.summary,
+            previous_first_seq=turn.summary_first_seq,
+            counter=settings.counter,
+            settings=knobs,
+            summarize=summarize,
+        )
 
     def after_turn(self, turn: TurnContext, prompt_tokens: int | None) -> None:
         return None

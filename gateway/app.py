@@ -14,6 +14,7 @@ from gateway.queue import LanesClosedError, SessionLanes
 from gateway.runner import Runner
 from gateway.sessions import SessionKeyer
 from gateway.store import SessionInfo, Store
+from gateway.summarizer import make_summary_call, summary_provider
 from gateway.text import clean_text
 from gateway.tools import ToolRegistry, default_registry
 from memory.workspace import ensure_workspace
@@ -30,6 +31,7 @@ class Gateway:
         self.engine = load_engine(config.context.engine)
         self.channels: dict[str, Channel] = {}
         self.resolver = ContextResolver(config, self.llm)
+        self.summary_llm = summary_provider(config, self.llm)
         self.runner = Runner(
             config,
             self.store,
@@ -38,6 +40,7 @@ class Gateway:
             tools or default_registry(),
             self.deliver,
             self.resolver,
+            make_summary_call(config, self.summary_llm),
         )
         self.lanes = SessionLanes(self.runner.run_turn, config.gateway.max_concurrent_turns)
         self._started = False
@@ -45,11 +48,22 @@ class Gateway:
     def add_channel(self, channel: Channel) -> None:
         self.channels[channel.name] = channel
 
-    async def start(self) -> None:
-        """Open the store and workspace, start channels, resume any unanswered messages."""
+    async def open(self, fetch_metadata: bool = True) -> None:
+        """Workspace, store and token counter: what the CLI needs without any channel."""
         ensure_workspace(self.config.workspace)
         await self.store.init()
-        await self.resolver.start()
+        await self.resolver.start(fetch_metadata=fetch_metadata)
+
+    async def close(self) -> None:
+        await self.resolver.stop()
+        await self.llm.close()
+        if self.summary_llm is not self.llm:
+            await self.summary_llm.close()
+        await self.store.close()
+
+    async def start(self) -> None:
+        """Open the store and workspace, start channels, resume any unanswered messages."""
+        await self.open()
         if not self.llm.configured:
             log.warning(NOT_CONFIGURED)
         for channel in self.channels.values():
@@ -62,14 +76,12 @@ class Gateway:
     async def stop(self, grace: float = 10.0) -> None:
         """Finish in-flight turns (or record them as interrupted), then close everything."""
         await self.lanes.close(grace)
-        await self.resolver.stop()
         for channel in self.channels.values():
             try:
                 await channel.stop()
             except Exception:
                 log.exception("channel %s failed to stop", channel.name)
-        await self.llm.close()
-        await self.store.close()
+        await self.close()
         self._started = False
 
     async def handle_inbound(self, msg: InboundMessage) -> InboundResult:

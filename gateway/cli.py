@@ -231,48 +231,134 @@ def sessions_list(
     console.print(table)
 
 
-async def _show_session(config: Config, key: str) -> dict[str, object] | None:
-    from gateway.store import Store
-
-    store = Store(config.database_url)
-    await store.init()
-    try:
-        row = await store.get_session(key)
-        if row is None or row.id is None:
-            return None
-        messages = await store.history(row.id)
-        return {
-            "key": row.key,
-            "platform": row.platform,
-            "chat_type": row.chat_type,
-            "turns": row.turns,
-            "messages": [{"seq": m.seq, **m.to_openai(), "status": m.meta.get("status")} for m in messages],
-        }
-    finally:
-        await store.close()
-
-
 @sessions_app.command("show")
 def sessions_show(
     key: Annotated[str, typer.Argument(help="Session key, e.g. agent:main:webchat:direct:alice")],
+    show_all: Annotated[
+        bool, typer.Option("--all", help="Every stored message, compacted ones included")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
 ) -> None:
-    """Show a session's transcript."""
-    data = asyncio.run(_show_session(_config(), key))
+    """Show a session: its latest summary and the messages after it (or everything, --all)."""
+    from gateway.operations import show_session
+
+    setup_logging("ERROR" if state.log_level == "INFO" else state.log_level)
+    data = asyncio.run(show_session(_config(), key, show_all))
     if data is None:
         err_console.print(f"no session {key!r} (see `gatehouse sessions list`)", highlight=False)
         raise typer.Exit(1)
     if as_json:
         print(json.dumps(data, indent=2, ensure_ascii=False))
         return
-    console.print(f"[bold]{data['key']}[/bold] ({data['platform']}, {data['chat_type']})")
-    table = Table("seq", "role", "content", show_lines=False)
-    for m in data["messages"]:  # type: ignore[attr-defined]
+    console.print(
+        f"[bold]{escape(data['key'])}[/bold] ({data['platform']}, {data['chat_type']}); "
+        f"automatic compaction: {escape(data['automatic_compaction'])}"
+    )
+    if data["compactions"]:
+        history = Table("id", "covers seq", "tokens before → after", "quality", "when", "state",
+                        title="Compactions")
+        for c in data["compactions"]:
+            q = c.get("quality") or {}
+            quality = (
+                f"sections {len(q.get('sections_present', []))}/5, ids "
+                f"{q.get('identifier_retention', 0):.0%}, ratio {q.get('compression_ratio', 0):.2f}"
+                + (f", fallback {q['fallback']}" if q.get("fallback") else "")
+            )
+            history.add_row(
+                str(c["id"]), f"{c['first_seq']}-{c['last_seq']}",
+                f"{c['tokens_before']:,} → {c['tokens_after']:,}", quality, c["created_at"],
+                "undone" if c["undone"] else "active",
+            )
+        console.print(history)
+    if data["summary"]:
+        console.print("[bold]Latest summary[/bold] (sent instead of the messages it covers):")
+        console.print(escape(data["summary"]))
+    table = Table("seq", "role", "content", "tokens", show_lines=False)
+    for m in data["messages"]:
         content = m["content"] if isinstance(m["content"], str) else json.dumps(m["content"])
         if m.get("tool_calls"):
             content = (content or "") + " " + json.dumps(m["tool_calls"])
-        table.add_row(str(m["seq"]), m["role"], escape(content or ""))
+        role = m["role"] + (" (compacted)" if m["compacted"] else "")
+        if m.get("status"):
+            role += f" [{m['status']}]"
+        table.add_row(str(m["seq"]), escape(role), escape(content or ""), str(m["tokens"] or ""))
     console.print(table)
+
+
+@sessions_app.command("compact")
+def sessions_compact(
+    key: Annotated[str, typer.Argument(help="Session key")],
+    instructions: Annotated[
+        str, typer.Option("--instructions", "-i", help="What the summary should focus on")
+    ] = "",
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
+) -> None:
+    """Compact a session now (the same pipeline as automatic compaction)."""
+    from gateway.operations import compact_session
+
+    setup_logging("WARNING" if state.log_level == "INFO" else state.log_level)
+    try:
+        with console.status("compacting…"):
+            data = asyncio.run(compact_session(_config(), key, instructions))
+    except KeyError:
+        err_console.print(f"no session {key!r} (see `gatehouse sessions list`)", highlight=False)
+        raise typer.Exit(1) from None
+    if as_json:
+        print(json.dumps(data, indent=2, ensure_ascii=False))
+    else:
+        console.print(escape(data["message"]))
+    raise typer.Exit(0 if data["committed"] else 1)
+
+
+@sessions_app.command("uncompact")
+def sessions_uncompact(key: Annotated[str, typer.Argument(help="Session key")]) -> None:
+    """Restore the state before the last compaction (the summary is kept, marked undone)."""
+    from gateway.operations import uncompact_session
+
+    setup_logging("WARNING" if state.log_level == "INFO" else state.log_level)
+    try:
+        data = asyncio.run(uncompact_session(_config(), key))
+    except KeyError:
+        err_console.print(f"no session {key!r} (see `gatehouse sessions list`)", highlight=False)
+        raise typer.Exit(1) from None
+    console.print(escape(data["message"]))
+
+
+@context_app.command("compact")
+def context_compact(
+    transcript: Annotated[Path, typer.Argument(help="OpenAI-format JSONL, one message a line")],
+    window: Annotated[
+        int | None, typer.Option("--window", help="Context window in tokens (default: resolved)")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
+) -> None:
+    """Compact a transcript with the configured LLM and print the resulting prompt."""
+    from gateway.operations import TranscriptError, compact_transcript
+
+    setup_logging("WARNING" if state.log_level == "INFO" else state.log_level)
+    config = _config()
+    try:
+        data = asyncio.run(compact_transcript(config, transcript, window))
+    except TranscriptError as exc:
+        err_console.print(f"[red]transcript error:[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(2) from None
+    if as_json:
+        print(json.dumps(data, indent=2, ensure_ascii=False))
+        return
+    for m in data["messages"]:
+        console.rule(f"[bold]{m['role']}[/bold]")
+        text = m.get("content") if isinstance(m.get("content"), str) else json.dumps(m.get("content"))
+        if m.get("tool_calls"):
+            text = (text or "") + "\n" + json.dumps(m["tool_calls"])
+        console.print(escape(text or ""), highlight=False)
+    q = data.get("quality") or {}
+    console.rule()
+    console.print(
+        f"tokens {data['tokens_before']:,} → {data['tokens_after']:,}; "
+        f"identifiers {len(data['identifiers'])}; "
+        f"quality: {'passed' if q.get('passed') else 'see --json'}"
+        + (f"; fallback {q['fallback']}" if q.get("fallback") else "")
+    )
 
 
 @context_app.command("explain")
@@ -284,7 +370,7 @@ def context_explain(
     ] = False,
 ) -> None:
     """Explain every limit applied to a session, and where each one comes from."""
-    from gateway.context_setup import explain_session
+    from gateway.operations import explain_session
 
     setup_logging("ERROR" if state.log_level == "INFO" else state.log_level)
     facts = asyncio.run(explain_session(_config(), key, fetch_metadata=not offline))
@@ -334,6 +420,17 @@ def _print_explain(f: dict[str, Any]) -> None:
         f"compaction at {f['compaction_threshold']:,} tokens ({f['to_compaction']:,} to go); "
         f"overflow tier now: [bold]{f['tier']}[/bold]"
     )
+    console.print(f"automatic compaction: {escape(f['automatic_compaction'])}")
+    last = f.get("last_compaction")
+    if last:
+        q = last.get("quality") or {}
+        console.print(
+            f"last compaction #{last['id']}: seq {last['covers'][0]}-{last['covers'][1]}, "
+            f"{last['tokens_before']:,} → {last['tokens_after']:,} tokens; compression "
+            f"{q.get('compression_ratio', 0):.2f}, identifier retention "
+            f"{q.get('identifier_retention', 0):.0%}, sections {len(q.get('sections_present', []))}/5"
+            + (f", fallback {q['fallback']}" if q.get("fallback") else "")
+        )
     for note in f["notes"]:
         console.print(f"- {escape(note)}")
 

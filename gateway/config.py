@@ -193,10 +193,40 @@ class ContextSection(_Strict):
         default=0.3, gt=0, le=1, description="all tool results in a prompt, before old ones trim"
     )
     keep_recent_tool_results: int = Field(default=3, ge=0)
+    # Compaction
+    recent_turns: int = Field(default=3, ge=0, le=12, description="user turns kept verbatim")
+    compaction_parts: int = Field(default=2, ge=1, le=8)
+    identifier_policy: Literal["strict", "off", "custom"] = "strict"
+    identifier_patterns: list[str] = Field(
+        default_factory=list, description="regexes for identifier_policy = 'custom'"
+    )
+    quality_guard: bool = True
+    quality_retries: int = Field(default=1, ge=0, le=3)
+    summary_model: str | None = Field(default=None, description="default: [llm] model")
+    summary_base_url: str | None = Field(default=None, description="default: [llm] base_url")
+    summary_api_key: str | None = Field(default=None, description="default: [llm] api_key")
+    summary_timeout: float = Field(default=120.0, gt=0)
+    summary_max_chars: int = Field(default=16_000, ge=1_000)
+    compaction_cooldown_seconds: int = Field(default=600, ge=0)
+    max_ineffective_compactions: int = Field(default=2, ge=1)
+    overflow_retries: int = Field(default=3, ge=0, le=10)
+
+    @field_validator("identifier_patterns")
+    @classmethod
+    def _patterns_compile(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"bad regular expression {pattern!r}: {exc}") from exc
+        return value
 
 
 class MemorySection(_Strict):
     flush_soft_tokens: int = Field(default=4_000, ge=0)
+    post_compaction_sections: list[str] = Field(
+        default_factory=lambda: ["Session Startup", "Red Lines"]
+    )
 
 
 class ModelSection(_Strict):

@@ -11,19 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from context.budget import BudgetSettings
-from context.engine import ContextSettings, TurnContext
+from context.engine import ContextSettings
 from context.history import HistoryLimits, LimitResolution, PlatformLimits, resolve_history_limit
 from context.tokens import TokenCounter, UsageCalibration
-from context.types import Message
 from context.window import WindowResolution, resolve_window
 from gateway.config import Config
 from gateway.llm import LLMProvider
-from gateway.store.models import SessionRow
 from gateway.tokenizer import load_counter
 
 log = logging.getLogger(__name__)
@@ -153,78 +149,3 @@ class ContextResolver:
             keep_recent_tool_results=self.config.context.keep_recent_tool_results,
         )
 
-
-def conversation_of(session: SessionRow, history: Sequence[Message]) -> Conversation:
-    """The conversation a session belongs to; the DM user is the latest user message's sender."""
-    user_id = next(
-        (str(m.meta["sender_id"]) for m in reversed(history)
-         if m.role == "user" and m.meta.get("sender_id")),
-        session.chat_id or None,
-    )
-    return Conversation(session.platform, session.chat_type, session.chat_id, user_id)
-
-
-async def explain_session(
-    config: Config, session_key: str, *, fetch_metadata: bool = True
-) -> dict[str, Any] | None:
-    """The facts `gatehouse context explain` prints: the same resolution and engine as a turn."""
-    from gateway.engines import load_engine
-    from gateway.runner import ERROR_STATUS
-    from gateway.store import Store
-    from gateway.tools import default_registry
-
-    store = Store(config.database_url)
-    llm = LLMProvider(config.llm)
-    resolver = ContextResolver(config, llm)
-    try:
-        await store.init()
-        session = await store.get_session(session_key)
-        if session is None or session.id is None:
-            return None
-        await resolver.start(fetch_metadata=False)
-        if fetch_metadata and llm.configured:
-            await resolver.fetch_metadata_now()
-        history = [
-            m for m in await store.history(session.id) if m.meta.get("status") != ERROR_STATUS
-        ]
-        where = conversation_of(session, history)
-        specs = default_registry().specs()
-        settings = resolver.settings_for(
-            session_key,
-            where,
-            tools_tokens=resolver.counter.count_tools(specs),
-            stored_ratio=session.token_ratio,
-        )
-        engine = load_engine(config.context.engine)
-        plan = engine.assemble(
-            TurnContext(
-                session_key=session_key,
-                system_prompt=config.gateway.system_prompt,
-                history=history,
-                incoming=[],
-                model=llm.model,
-                settings=settings,
-            )
-        )
-        facts = dict(plan.facts)
-        facts.update(
-            session=session_key,
-            platform=session.platform,
-            chat_type=session.chat_type,
-            stored_messages=len(history),
-            messages_in_prompt=len(plan.messages),
-            last_reported_prompt_tokens=session.last_prompt_tokens,
-            calibration=resolver.calibration(session_key, session.token_ratio).describe(),
-            history_limit_text=(
-                "unlimited"
-                if settings.history_limit.unlimited
-                else f"last {settings.history_limit.limit:,} user turns"
-            ),
-            notes=list(plan.notes),
-            window_too_small=settings.window.too_small,
-        )
-        return facts
-    finally:
-        await resolver.stop()
-        await llm.close()
-        await store.close()

@@ -1,36 +1,47 @@
-"""One turn: load the session, assemble the prompt, call the model, run tools, persist, reply.
+"""One turn: load the session, assemble the prompt, compact if needed, call the model, run
+tools, persist, reply.
 
 The runner owns every side effect of a turn; the context engine only plans. Each tool round is
 persisted as soon as it completes (the call and its results together, never one without the
 other), so a crash or shutdown mid-turn loses nothing and the turn resumes where it stopped.
+Compaction never deletes: it stores a summary and the seq range it covers, and the prompt
+becomes "latest summary + messages after that range".
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from channels.base import OutboundMessage
-from context.engine import ContextEngine, ContextPlan, TurnContext
+from context.compaction import CompactionResult, CompactionSettings, SummaryCall
+from context.engine import ContextEngine, ContextPlan, ContextSettings, TurnContext
 from context.pruning import cap_tool_output, tool_result_cap_chars
 from context.types import Message
 from context.window import WindowTooSmallError
 from gateway.config import Config
 from gateway.context_setup import ContextResolver, Conversation
-from gateway.llm import LLMError, LLMProvider
-from gateway.store import MessageRow, SessionRow, Store, TurnUsage, row_to_message
+from gateway.llm import ContextOverflowError, LLMError, LLMProvider
+from gateway.store import CompactionRow, MessageRow, SessionRow, Store, TurnUsage, row_to_message
 from gateway.tools import ToolContext, ToolRegistry
+from memory.agents_md import extract_sections
 
 log = logging.getLogger(__name__)
 
 Deliver = Callable[[OutboundMessage], Awaitable[None]]
 
 ERROR_STATUS = "error"
+COMMAND_STATUS = "command"
+INTERRUPTED_STATUS = "interrupted"
+HIDDEN_STATUSES = (ERROR_STATUS, COMMAND_STATUS)
+"""Stored but never sent to the model: error notices and `/compact` commands."""
 
 
 class TurnRefusedError(LLMError):
@@ -38,8 +49,6 @@ class TurnRefusedError(LLMError):
 
     def __init__(self, user_message: str) -> None:
         super().__init__(user_message, kind="refused")
-
-INTERRUPTED_STATUS = "interrupted"
 
 
 @dataclass
@@ -51,6 +60,21 @@ class TurnStats:
     completion_tokens: int | None = None
     seconds: float = 0.0
     error: str | None = None
+    compactions: list[CompactionResult] = field(default_factory=list)
+
+
+@dataclass
+class _Cached:
+    after_seq: int
+    messages: list[Message]
+
+
+@dataclass
+class SessionView:
+    """What the prompt is built from: the latest summary and the messages after its range."""
+
+    summary: CompactionRow | None
+    history: list[Message]
 
 
 class Runner:
@@ -63,6 +87,7 @@ class Runner:
         tools: ToolRegistry,
         deliver: Deliver,
         resolver: ContextResolver,
+        summarize: SummaryCall,
     ) -> None:
         self.config = config
         self.store = store
@@ -71,10 +96,13 @@ class Runner:
         self.tools = tools
         self.deliver = deliver
         self.resolver = resolver
+        self.summarize = summarize
         self.on_turn: Callable[[TurnStats], None] | None = None
         self.last_plan: dict[str, ContextPlan] = {}
         self.history_cache_sessions = 256
-        self._histories: dict[int, list[Message]] = {}
+        self._histories: dict[int, _Cached] = {}
+
+    # -- a turn -----------------------------------------------------------------------------
 
     async def run_turn(self, session_key: str) -> None:
         session = await self.store.get_session(session_key)
@@ -87,7 +115,7 @@ class Runner:
         stats = TurnStats(session_key, len(claimed))
         status: str | None = None
         try:
-            reply = await self._converse(session_key, session, claimed, stats)
+            reply = await self._converse(session, claimed, stats)
         except asyncio.CancelledError:
             await asyncio.shield(
                 self.store.mark_interrupted([r.id for r in claimed if r.id is not None])
@@ -128,81 +156,79 @@ class Runner:
             )
         )
 
-    async def _history(self, session_id: int) -> list[Message]:
-        """The stored conversation, loading only messages newer than what is cached."""
-        cached = self._histories.pop(session_id, None) or []
-        last_seq = cached[-1].seq or 0 if cached else 0
-        fresh = await self.store.history(session_id, after_seq=last_seq)
-        history = cached + [m for m in fresh if m.meta.get("status") != ERROR_STATUS]
-        self._histories[session_id] = history  # re-inserted last: most recently used
-        while len(self._histories) > self.history_cache_sessions:
-            self._histories.pop(next(iter(self._histories)))
-        return history
-
-    def _remember_counts(self, session_id: int, counted: Sequence[Message]) -> dict[int, int]:
-        """Update the cached history with fresh counts; return {message id: tokens} to store."""
-        by_seq = {m.seq: m.tokens for m in counted if m.seq is not None and m.tokens is not None}
-        history = self._histories.get(session_id)
-        if history and by_seq:
-            for i, m in enumerate(history):
-                if m.seq in by_seq and m.tokens is None:
-                    history[i] = m.with_tokens(by_seq[m.seq] or 0)
-        return {
-            int(m.meta["id"]): m.tokens
-            for m in counted
-            if m.meta.get("id") is not None and m.tokens is not None
-        }
-
     async def _converse(
-        self,
-        session_key: str,
-        session: SessionRow,
-        claimed: list[MessageRow],
-        stats: TurnStats,
+        self, session: SessionRow, claimed: list[MessageRow], stats: TurnStats
     ) -> str:
         assert session.id is not None
-        session_id = session.id
+        session_key = session.key
+        commands = [r for r in claimed if _compact_command(r.content) is not None]
+        notices: list[str] = []
+        if commands:
+            await self.store.mark_status([r.id for r in commands if r.id is not None], COMMAND_STATUS)
+            instructions = _compact_command(commands[-1].content) or ""
+            result = await self.compact_session(session_key, instructions, reason="command")
+            notices.append(describe_compaction(result))
+            claimed = [r for r in claimed if r not in commands]
+            if not claimed:
+                return notices[0]
+        text = await self._answer(session, claimed, stats)
+        return "\n\n".join([*notices, text])
+
+    async def _answer(
+        self, session: SessionRow, claimed: list[MessageRow], stats: TurnStats
+    ) -> str:
+        assert session.id is not None
+        session_key = session.key
         first_seq = claimed[0].seq or 0
-        stored = await self._history(session_id)
-        history = [m for m in stored if (m.seq or 0) < first_seq]
-        incoming = [m for m in stored if (m.seq or 0) >= first_seq]
         ctx = ToolContext(session_key=session_key, timezone=self.config.gateway.timezone)
         tool_specs = self.tools.specs()
-        counter = self.resolver.counter
-        where = Conversation(
-            platform=session.platform,
-            chat_type=session.chat_type,
-            chat_id=session.chat_id,
-            user_id=claimed[-1].sender_id,
-        )
-        settings = self.resolver.settings_for(
-            session_key,
-            where,
-            tools_tokens=counter.count_tools(tool_specs),
-            stored_ratio=session.token_ratio,
-        )
+        settings = self.settings_for(session, claimed[-1].sender_id)
         if settings.window.too_small:
-            raise TurnRefusedError(str(WindowTooSmallError(
-                settings.window.tokens, self.llm.model, settings.window.source
-            )))
-        for _round in range(self.config.llm.max_tool_rounds):
-            turn = TurnContext(
-                session_key=session_key,
-                system_prompt=self.config.gateway.system_prompt,
-                history=history,
-                incoming=incoming,
-                model=self.llm.model,
-                settings=settings,
+            raise TurnRefusedError(
+                str(WindowTooSmallError(settings.window.tokens, self.llm.model, settings.window.source))
             )
+        view = await self.view(session.id)
+        overflow_retries = 0
+        compacted_this_turn = False
+        for _round in range(self.config.llm.max_tool_rounds):
+            turn = self.turn_context(session_key, view, first_seq, settings)
             plan = self.engine.assemble(turn)
-            await self.store.cache_token_counts(self._remember_counts(session_id, plan.counted))
+            if plan.wants_compaction and not compacted_this_turn:
+                blocked = await self._compaction_blocked(session_key)
+                if blocked is None:
+                    compacted_this_turn = True
+                    result = await self._compact(session_key, turn, "", reason="overflow")
+                    if result is not None:
+                        stats.compactions.append(result)
+                    view = await self.view(session.id)
+                    turn = self.turn_context(session_key, view, first_seq, settings)
+                    plan = self.engine.assemble(turn)
+                else:
+                    log.info("context %s: automatic compaction skipped: %s", session_key, blocked)
+            await self.store.cache_token_counts(self._remember_counts(session.id, plan.counted))
             log.debug("context %s: %s", session_key, _facts_line(plan))
             for note in plan.notes:
                 log.info("context %s: %s", session_key, note)
             if plan.error:
                 raise TurnRefusedError(plan.error)
             self.last_plan[session_key] = plan
-            completion = await self.llm.complete(plan.messages, tool_specs)
+            try:
+                completion = await self.llm.complete(plan.messages, tool_specs)
+            except ContextOverflowError as exc:
+                overflow_retries += 1
+                if overflow_retries > self.config.context.overflow_retries:
+                    raise self._overflow_error(plan, settings, exc) from exc
+                log.warning(
+                    "context %s: provider says the prompt overflows (%s); compacting "
+                    "(attempt %d of %d)",
+                    session_key, exc.detail, overflow_retries, self.config.context.overflow_retries,
+                )
+                result = await self._compact(session_key, turn, "", reason="provider-overflow")
+                if result is None or not result.committed:
+                    raise self._overflow_error(plan, settings, exc) from exc
+                stats.compactions.append(result)
+                view = await self.view(session.id)
+                continue
             stats.prompt_tokens = completion.usage.prompt_tokens
             stats.completion_tokens = (stats.completion_tokens or 0) + (
                 completion.usage.completion_tokens or 0
@@ -218,22 +244,216 @@ class Runner:
             stats.tool_rounds += 1
             round_messages = [message]
             for call in message.tool_calls:
-                result = await self.tools.call(call.name, call.arguments, ctx)
+                result_text = (await self.tools.call(call.name, call.arguments, ctx)).content
                 content = await self._cap_tool_output(
-                    result.content, call.name, call.id, settings.window.tokens
+                    result_text, call.name, call.id, settings.window.tokens
                 )
                 round_messages.append(
                     Message(role="tool", content=content, tool_call_id=call.id, name=call.name)
                 )
-            round_messages = counter.ensure_counted(round_messages)
-            rows = await self.store.append_messages(session_id, round_messages)
-            round_messages = [row_to_message(r) for r in rows]
-            incoming = [*incoming, *round_messages]
-            self._histories.get(session_id, []).extend(round_messages)
+            round_messages = self.resolver.counter.ensure_counted(round_messages)
+            rows = await self.store.append_messages(session.id, round_messages)
+            cached = self._histories.get(session.id)
+            if cached is not None:
+                cached.messages.extend(row_to_message(r) for r in rows)
         return (
             f"I stopped after {self.config.llm.max_tool_rounds} rounds of tool calls without "
             "finishing. Ask me to continue, or raise [llm] max_tool_rounds."
         )
+
+    def turn_context(
+        self, session_key: str, view: SessionView, first_seq: int, settings: ContextSettings
+    ) -> TurnContext:
+        """History before this turn, and this turn's messages (its tool rounds included)."""
+        history = view.history
+        split = bisect.bisect_left(history, first_seq, key=lambda m: m.seq or 0)
+        return TurnContext(
+            session_key=session_key,
+            system_prompt=self.config.gateway.system_prompt,
+            history=history[:split],
+            incoming=history[split:],
+            model=self.llm.model,
+            settings=settings,
+            summary=view.summary.summary if view.summary else None,
+            summary_first_seq=view.summary.first_seq if view.summary else None,
+        )
+
+    def _overflow_error(
+        self, plan: ContextPlan, settings: ContextSettings, exc: ContextOverflowError
+    ) -> LLMError:
+        tokens = plan.facts.get("tokens", {}).get("prompt", "?")
+        return LLMError(
+            f"This conversation no longer fits model {self.llm.model!r}: about {tokens:,} "
+            f"tokens against a {settings.window.tokens:,}-token window ({settings.window.source}), "
+            f"and compacting did not help after {self.config.context.overflow_retries} tries. "
+            "Start a new topic or raise the model's window.",
+            kind="context_overflow",
+            detail=exc.detail,
+        )
+
+    # -- context settings and state ---------------------------------------------------------
+
+    def settings_for(self, session: SessionRow, user_id: str | None) -> ContextSettings:
+        where = Conversation(session.platform, session.chat_type, session.chat_id, user_id)
+        settings = self.resolver.settings_for(
+            session.key,
+            where,
+            tools_tokens=self.resolver.counter.count_tools(self.tools.specs()),
+            stored_ratio=session.token_ratio,
+        )
+        return replace(settings, compaction=self.compaction_settings(settings.window.tokens))
+
+    def compaction_settings(self, window: int) -> CompactionSettings:
+        c = self.config.context
+        return CompactionSettings(
+            window=window,
+            recent_turns=c.recent_turns,
+            parts=c.compaction_parts,
+            identifier_policy=c.identifier_policy,
+            custom_patterns=tuple(c.identifier_patterns),
+            quality_guard=c.quality_guard,
+            quality_retries=c.quality_retries,
+            summary_max_chars=c.summary_max_chars,
+            critical_rules=self.critical_rules(),
+        )
+
+    def critical_rules(self) -> str:
+        """AGENTS.md's configured sections (default "Session Startup" and "Red Lines")."""
+        path = self.config.workspace / "AGENTS.md"
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError:
+            return ""
+        return extract_sections(text, self.config.memory.post_compaction_sections, 3_000)
+
+    async def view(self, session_id: int) -> SessionView:
+        """Latest summary + the stored messages after its range (only new rows are loaded)."""
+        summary = await self.store.latest_compaction(session_id)
+        after = summary.last_seq if summary else 0
+        cached = self._histories.pop(session_id, None)
+        if cached is None or cached.after_seq != after:
+            cached = _Cached(after, [])
+        last_seq = cached.messages[-1].seq or after if cached.messages else after
+        fresh = await self.store.history(session_id, after_seq=last_seq)
+        cached.messages.extend(m for m in fresh if m.meta.get("status") not in HIDDEN_STATUSES)
+        self._histories[session_id] = cached  # re-inserted last: most recently used
+        while len(self._histories) > self.history_cache_sessions:
+            self._histories.pop(next(iter(self._histories)))
+        return SessionView(summary, cached.messages)
+
+    def _remember_counts(self, session_id: int, counted: Sequence[Message]) -> dict[int, int]:
+        """Update the cached history with fresh counts; return {message id: tokens} to store."""
+        cached = self._histories.get(session_id)
+        if cached is not None:
+            history = cached.messages
+            for m in counted:
+                if m.seq is None or m.tokens is None:
+                    continue
+                i = bisect.bisect_left(history, m.seq, key=lambda h: h.seq or 0)
+                if i < len(history) and history[i].seq == m.seq and history[i].tokens is None:
+                    history[i] = history[i].with_tokens(m.tokens)
+        return {
+            int(m.meta["id"]): m.tokens
+            for m in counted
+            if m.meta.get("id") is not None and m.tokens is not None
+        }
+
+    # -- compaction -------------------------------------------------------------------------
+
+    async def _compaction_blocked(self, session_key: str) -> str | None:
+        """Why automatic compaction may not run now (anti-thrash), or None."""
+        session = await self.store.get_session(session_key)
+        if session is None:
+            return "no session"
+        return compaction_blocked_reason(session, self.config.context.max_ineffective_compactions)
+
+    async def compact_session(
+        self, session_key: str, instructions: str = "", reason: str = "manual"
+    ) -> CompactionResult | None:
+        """Compact a session now (`/compact`, `gatehouse sessions compact`)."""
+        session = await self.store.get_session(session_key)
+        if session is None or session.id is None:
+            return None
+        settings = self.settings_for(session, None)
+        view = await self.view(session.id)
+        turn = self.turn_context(session_key, view, 1 << 62, settings)
+        return await self._compact(session_key, turn, instructions, reason=reason)
+
+    async def _compact(
+        self, session_key: str, turn: TurnContext, instructions: str, *, reason: str
+    ) -> CompactionResult | None:
+        session = await self.store.get_session(session_key)
+        assert session is not None and session.id is not None
+        started = time.perf_counter()
+        try:
+            result = await self.engine.compact(turn, self.summarize, instructions)
+        except Exception:
+            log.exception("compaction crashed for %s; history kept", session_key)
+            await self.store.set_compaction_state(session.id, cooldown_until=self._cooldown())
+            return None
+        if result is None:
+            return None
+        for note in result.notes:
+            log.info("compaction %s: %s", session_key, note)
+        if not result.committed:
+            log.warning("compaction %s: nothing committed; history kept (%s)", session_key,
+                        "; ".join(result.notes))
+            await self.store.set_compaction_state(session.id, cooldown_until=self._cooldown())
+            return result
+        settings = turn.settings
+        threshold = None
+        if settings is not None:
+            from context.budget import make_budget
+
+            threshold = make_budget(settings.window.tokens, settings.budget).compact_at
+        ineffective = (
+            threshold is not None and reason == "overflow" and result.tokens_after > threshold
+        )
+        quality: dict[str, Any] = result.quality.to_dict()
+        quality.update(
+            reason=reason,
+            attempts=result.attempts,
+            errors=list(result.errors),
+            notes=list(result.notes),
+            model_identifier_retention=result.model_identifier_retention,
+            identifiers=[i.value for i in result.identifiers],
+            seconds=round(time.perf_counter() - started, 3),
+        )
+        row = CompactionRow(
+            session_id=session.id,
+            first_seq=result.first_seq or 0,
+            last_seq=result.last_seq or 0,
+            summary=result.summary,
+            tokens_before=result.tokens_before,
+            tokens_after=result.tokens_after,
+            quality=quality,
+            model=self.config.context.summary_model or self.llm.model,
+        )
+        await self.store.add_compaction(
+            row,
+            ineffective=ineffective if reason == "overflow" else False,
+            cooldown_until=self._cooldown() if result.fallback else None,
+        )
+        self._histories.pop(session.id, None)
+        log.info(
+            "compaction %s (%s): seq %s-%s, %d -> %d tokens, fallback=%s, quality passed=%s",
+            session_key, reason, row.first_seq, row.last_seq, row.tokens_before,
+            row.tokens_after, result.fallback, result.quality.passed,
+        )
+        return result
+
+    def _cooldown(self) -> datetime:
+        return datetime.now(UTC) + timedelta(seconds=self.config.context.compaction_cooldown_seconds)
+
+    async def uncompact(self, session_key: str) -> CompactionRow | None:
+        session = await self.store.get_session(session_key)
+        if session is None or session.id is None:
+            return None
+        undone = await self.store.undo_latest_compaction(session.id)
+        self._histories.pop(session.id, None)
+        return undone
+
+    # -- tool outputs -----------------------------------------------------------------------
 
     async def _cap_tool_output(
         self, text: str, tool: str, call_id: str, window_tokens: int
@@ -252,6 +472,47 @@ class Runner:
             log.warning("could not save tool output to %s: %s", target, exc)
             return cap_tool_output(text, limit).text
         return cap_tool_output(text, limit, artifact=relative).text
+
+
+def compaction_blocked_reason(session: SessionRow, max_ineffective: int) -> str | None:
+    """Anti-thrash: a cool-down after a failed summary; a stop after ineffective compactions."""
+    until = session.compaction_cooldown_until
+    if until is not None:
+        if until.tzinfo is None:
+            until = until.replace(tzinfo=UTC)
+        if until > datetime.now(UTC):
+            return f"cooling down after a failed summary until {until:%H:%M:%S} UTC"
+    if session.ineffective_compactions >= max_ineffective:
+        return (
+            f"{session.ineffective_compactions} automatic compactions in a row did not get "
+            "under the threshold; automatic compaction is paused (use /compact or "
+            "`gatehouse sessions compact`)"
+        )
+    return None
+
+
+def describe_compaction(result: CompactionResult | None) -> str:
+    if result is None:
+        return "Nothing to compact yet: the conversation is within the recent turns kept verbatim."
+    if not result.committed:
+        return "Compaction could not produce a summary that fits; the history is kept as it is."
+    q = result.quality
+    extra = f" (fallback: {result.fallback})" if result.fallback else ""
+    return (
+        f"Compacted the conversation: {result.tokens_before:,} → {result.tokens_after:,} tokens, "
+        f"{len(result.identifiers)} identifiers kept{extra}. Quality: sections "
+        f"{len(q.sections_present)}/5, identifier retention {q.identifier_retention:.0%}."
+    )
+
+
+def _compact_command(content: Any) -> str | None:
+    """`/compact [instructions]` -> the instructions ('' when none); None for other text."""
+    if not isinstance(content, str):
+        return None
+    text = content.strip()
+    if text == "/compact" or text.startswith(("/compact ", "/compact\n")):
+        return text[len("/compact") :].strip()
+    return None
 
 
 def _calibrated_ratio(resolver: ContextResolver, session_key: str) -> float | None:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -317,6 +318,14 @@ class Store:
             stmt = update(MessageRow).where(col(MessageRow.id).in_(ids))
             await db.exec(stmt.values(handled=True, status=status))
 
+    async def mark_status(self, ids: Iterable[int], status: str) -> None:
+        ids = list(ids)
+        if not ids:
+            return
+        async with self._write() as db:
+            stmt = update(MessageRow).where(col(MessageRow.id).in_(ids))
+            await db.exec(stmt.values(status=status))
+
     async def mark_interrupted(self, ids: Iterable[int]) -> None:
         """Record that a shutdown stopped these messages' turn; they stay pending."""
         ids = list(ids)
@@ -344,6 +353,59 @@ class Store:
             return int(result.one())
 
     # -- compactions ------------------------------------------------------------------------
+
+    async def add_compaction(self, row: CompactionRow, *, ineffective: bool | None = None,
+                             cooldown_until: datetime | None = None) -> CompactionRow:
+        """Store a compaction next to the untouched originals; start a new compaction cycle."""
+        async with self._write() as db:
+            db.add(row)
+            values: dict[str, Any] = {
+                "compaction_cycle": SessionRow.compaction_cycle + 1,
+                "updated_at": utcnow(),
+                "compaction_cooldown_until": cooldown_until,
+            }
+            if ineffective is not None:
+                values["ineffective_compactions"] = (
+                    SessionRow.ineffective_compactions + 1 if ineffective else 0
+                )
+            stmt = update(SessionRow).where(col(SessionRow.id) == row.session_id)
+            await db.exec(stmt.values(**values))
+        return row
+
+    async def set_compaction_state(
+        self,
+        session_id: int,
+        *,
+        cooldown_until: datetime | None = None,
+        reset_ineffective: bool = False,
+    ) -> None:
+        async with self._write() as db:
+            values: dict[str, Any] = {"compaction_cooldown_until": cooldown_until}
+            if reset_ineffective:
+                values["ineffective_compactions"] = 0
+            stmt = update(SessionRow).where(col(SessionRow.id) == session_id)
+            await db.exec(stmt.values(**values))
+
+    async def compactions(self, session_id: int) -> list[CompactionRow]:
+        async with self._sessions() as db:
+            result = await db.exec(
+                select(CompactionRow)
+                .where(CompactionRow.session_id == session_id)
+                .order_by(col(CompactionRow.id))
+            )
+            return list(result.all())
+
+    async def undo_latest_compaction(self, session_id: int) -> CompactionRow | None:
+        """Restore the state before the last compaction (its row is kept, marked undone)."""
+        latest = await self.latest_compaction(session_id)
+        if latest is None:
+            return None
+        async with self._write() as db:
+            stmt = update(CompactionRow).where(col(CompactionRow.id) == latest.id)
+            await db.exec(stmt.values(undone=True))
+            stmt2 = update(SessionRow).where(col(SessionRow.id) == session_id)
+            await db.exec(stmt2.values(ineffective_compactions=0, compaction_cooldown_until=None))
+        return latest
 
     async def latest_compaction(self, session_id: int) -> CompactionRow | None:
         async with self._sessions() as db:

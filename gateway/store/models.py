@@ -37,6 +37,10 @@ class SessionRow(SQLModel, table=True):
     # Compaction / memory-flush cycles: flushed_cycle None means "never flushed", never 0 == 0.
     compaction_cycle: int = 0
     flushed_cycle: int | None = None
+    # Anti-thrash: consecutive automatic compactions that did not get under the threshold, and a
+    # cool-down after a failed summary.
+    ineffective_compactions: int = 0
+    compaction_cooldown_until: datetime | None = None
     last_error: str | None = Field(default=None, sa_column=Column(Text))
 
 

@@ -110,10 +110,10 @@ def test_calibration_ratio_scales_the_total() -> None:
     )
 
 
-def test_old_tool_results_are_trimmed_when_over_their_share() -> None:
-    big = "x" * 40_000
+def test_old_tool_results_are_pruned_oldest_first_when_over_their_share() -> None:
+    big = "x" * 40_000  # about 6,000 tokens each; 12 of them exceed the 30 % share
     history: list[Message] = []
-    for i in range(6):
+    for i in range(12):
         call = ToolCall(id=f"c{i}", name="cat", arguments="{}")
         history += [
             Message(role="user", content=f"read {i}"),
@@ -121,12 +121,16 @@ def test_old_tool_results_are_trimmed_when_over_their_share() -> None:
             Message(role="tool", content=big, tool_call_id=f"c{i}"),
             Message(role="assistant", content="done"),
         ]
-    messages, plan = assemble(history, window=120_000)
-    tool_texts = [m.text for m in messages if m.role == "tool"]
-    assert len(tool_texts) == 6, "results are trimmed, never removed"
-    assert all(len(t) < 40_000 for t in tool_texts[:3])
-    assert tool_texts[-3:] == [big] * 3, "the three most recent stay whole"
-    assert plan.facts["pruned_tool_results"] >= 3  # type: ignore[attr-defined]
+    messages, plan = assemble(history, window=200_000)
+    tools = [m for m in messages if m.role == "tool"]
+    assert len(tools) == 12, "results are pruned, never removed"
+    whole = [m.text == big for m in tools]
+    assert whole[-3:] == [True, True, True], "the three most recent stay whole"
+    assert not all(whole) and whole == sorted(whole), "the oldest are pruned first"
+    assert any("trimmed" in m.text for m in tools)
+    usable = make_budget(200_000, ctx_settings().budget).usable
+    assert sum(COUNTER.count_message(m) for m in tools) <= usable * 0.3
+    assert plan.facts["pruned_tool_results"] == whole.count(False)  # type: ignore[attr-defined]
 
 
 def test_a_message_larger_than_the_window_is_refused_clearly() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.app import Gateway
-from gateway.context_setup import explain_session
+from gateway.operations import explain_session
 from gateway.tools import Tool, ToolContext, default_registry
 from tests.conftest import MakeConfig, RunningGateway
 from tests.fakes import FakeOpenAI, reply, tool_call

@@ -136,7 +136,9 @@ async def test_stalled_stream_is_retried(fake_llm: FakeOpenAI, make_config: Make
 async def test_context_overflow_is_reported(running: RunningGateway, fake_llm: FakeOpenAI) -> None:
     fake_llm.script(context_overflow(8192, 9000))
     [answer] = await running.ask("huge")
-    assert "larger than the model's context window" in answer
+    # nothing to compact in a first message: the user is told tokens, window and model
+    assert "no longer fits model 'fake-model'" in answer
+    assert "200,000-token window" in answer
 
 
 async def test_messages_arriving_mid_turn_are_collected(
