@@ -149,6 +149,8 @@ class FullHistoryEngine:
 
 
 PRUNE_CACHE_SIZE = 4_096
+TRIMMED_RESULT_TOKENS = 1_000
+"""About what a soft-trimmed result costs (1,500 + 1,500 chars): below this room, clear."""
 
 
 def _history_start(history: Sequence[Message], limit: int) -> int:
@@ -179,7 +181,7 @@ class DefaultContextEngine:
     name = "default"
 
     def __init__(self) -> None:
-        self._prune_cache: dict[tuple[str, str, str], tuple[Any, int]] = {}
+        self._prune_cache: dict[tuple[object, ...], Message] = {}
 
     def assemble(self, turn: TurnContext) -> ContextPlan:
         settings = turn.settings or default_settings()
@@ -215,21 +217,28 @@ class DefaultContextEngine:
         # 2. Walk back from the newest message until well past what could ever fit. Old tool
         #    results beyond the newest `keep_recent` are soft-trimmed, then cleared, once all
         #    tool results together exceed their share; their pruned size is what counts.
-        ceiling = int(budget.usable * 1.25 / ratio) + 1
+        ceiling = int(budget.usable * 1.21 / ratio) + 1  # just past the last tier boundary
         room = ceiling - fixed - incoming_tokens
+        fit_room = int(budget.usable / ratio) - fixed - incoming_tokens
         keep_recent = settings.keep_recent_tool_results
         tool_cap = budget.tool_results_cap
         index = len(history)
         acc = tool_acc = tools_seen = 0
         trimmed_n = cleared_n = 0
+        fit_count: int | None = None  # how many of the newest messages fit the budget
+        fit_acc = 0
         newest_first: list[Message] = []
         while index > start and acc <= room:
             index -= 1
-            m = count(history[index])
+            m = history[index]
+            if m.tokens is None:
+                m = count(m)
             if m.role == "tool":
                 tools_seen += 1
                 if tools_seen > keep_recent and tool_acc + (m.tokens or 0) > tool_cap:
-                    trimmed = self._pruned(m, "trim", counter)
+                    trimmed = m
+                    if tool_acc + TRIMMED_RESULT_TOKENS <= tool_cap:
+                        trimmed = self._pruned(m, "trim", counter)
                     if trimmed is not m and tool_acc + (trimmed.tokens or 0) <= tool_cap:
                         m = trimmed
                         trimmed_n += 1
@@ -237,24 +246,38 @@ class DefaultContextEngine:
                         m = self._pruned(m, "clear", counter)
                         cleared_n += 1
                 tool_acc += m.tokens or 0
-            acc += m.tokens or 0
+            tokens = m.tokens or 0
+            if fit_count is None and acc + tokens > fit_room:
+                fit_count, fit_acc = len(newest_first), acc
+            acc += tokens
             newest_first.append(m)
-        kept = newest_first[::-1]
         truncated_walk = index > start
-        if truncated_walk:  # never start inside a turn: move forward to a user message
-            while kept and kept[0].role != "user":
-                kept.pop(0)
         pruned = trimmed_n + cleared_n
         if pruned:
             notes.append(
                 f"old tool results over their {tool_cap:,}-token share: "
                 f"{trimmed_n} trimmed, {cleared_n} cleared"
             )
+        local_all = fixed + acc + incoming_tokens
+        tier = (
+            Tier.COMPACT_THEN_DROP if truncated_walk else budget.tier(round(local_all * ratio))
+        )
+        if tier in (Tier.COMPACT, Tier.COMPACT_THEN_DROP) and fit_count is not None:
+            # Keep the newest messages that fit (whole turns); no scoring needed for this tier.
+            cut = fit_count
+            while cut > 0 and newest_first[cut - 1].role != "user":
+                cut -= 1
+                fit_acc -= newest_first[cut].tokens or 0
+            kept = newest_first[:cut][::-1]
+            history_tokens = fit_acc
+            dropped_desc_fast = [f"{len(newest_first) - cut} oldest messages (whole turns) not sent"]
+        else:
+            kept = newest_first[::-1]
+            history_tokens = acc
+            dropped_desc_fast = []
 
-        history_tokens = sum(m.tokens or 0 for m in kept)
-        local_total = fixed + history_tokens + incoming_tokens
+        local_total = fixed + acc + incoming_tokens
         total = round(local_total * ratio)
-        tier = budget.tier(total) if not truncated_walk else Tier.COMPACT_THEN_DROP
         facts = self._facts(settings, budget, turn, start, local_total, total, tier)
         facts["pruned_tool_results"] = pruned
 
@@ -267,15 +290,17 @@ class DefaultContextEngine:
             )
             return ContextPlan([], tuple(notes), facts, tier, error, tuple(counted))
 
-        # 4. Overflow tiers. Compaction is not available in this engine: every tier drops.
-        dropped_desc: list[str] = []
-        if tier is not Tier.FITS:
+        # 4. Overflow tiers. The compaction tiers were cut to fit above (the runner compacts
+        #    and assembles again); a small overflow drops the least important turns.
+        dropped_desc: list[str] = dropped_desc_fast
+        if tier is Tier.DROP_OLDEST or (tier is not Tier.FITS and not dropped_desc_fast):
             kept, dropped_desc = self._drop_to_fit(
                 kept, budget.usable, fixed + incoming_tokens, ratio, tier
             )
             history_tokens = sum(m.tokens or 0 for m in kept)
+        if tier is not Tier.FITS:
             notes.append(
-                f"over budget ({tier.value}): dropped {len(dropped_desc)} turns"
+                f"over budget ({tier.value}): {'; '.join(dropped_desc) or 'nothing'} dropped"
                 + (" to fit (compaction tier)" if tier is not Tier.DROP_OLDEST else "")
             )
         facts["dropped_turns"] = dropped_desc
@@ -294,24 +319,25 @@ class DefaultContextEngine:
 
     def _pruned(self, m: Message, mode: str, counter: TokenCounter) -> Message:
         """A tool result soft-trimmed or cleared, memoized: old results are pruned the same way
-        every turn, so each is scanned and counted once, not once per turn."""
-        # Keyed by content, not seq: one engine serves every session, and seqs repeat across
-        # sessions. A str caches its hash, so this stays cheap for large results.
-        key = (mode, counter.name, m.text)
+        every turn, so each is scanned, counted and copied once, not once per turn."""
+        # One engine serves every session and seqs repeat across sessions, so the key holds the
+        # content too (a str caches its hash: cheap even for large results).
+        key = (mode, counter.name, m.seq, m.tool_call_id, m.text)
         hit = self._prune_cache.get(key)
-        if hit is None:
-            if mode == "trim":
-                result = soft_trim_old_results([m], keep_recent=0)
-                if not result.count:
-                    return m
-                pruned = result.messages[0]
-            else:
-                pruned = clear_old_results([m], keep_recent=0).messages[0]
-            hit = (pruned.content, counter.count_message(pruned))
-            if len(self._prune_cache) >= PRUNE_CACHE_SIZE:
-                self._prune_cache.pop(next(iter(self._prune_cache)))
-            self._prune_cache[key] = hit
-        return replace(m, content=hit[0], tokens=hit[1])
+        if hit is not None:
+            return hit
+        if mode == "trim":
+            result = soft_trim_old_results([m], keep_recent=0)
+            if not result.count:
+                return m
+            pruned = result.messages[0]
+        else:
+            pruned = clear_old_results([m], keep_recent=0).messages[0]
+        pruned = pruned.with_tokens(counter.count_message(pruned))
+        if len(self._prune_cache) >= PRUNE_CACHE_SIZE:
+            self._prune_cache.pop(next(iter(self._prune_cache)))
+        self._prune_cache[key] = pruned
+        return pruned
 
     def _drop_to_fit(
         self, kept: list[Message], usable: int, fixed: int, ratio: float, tier: Tier

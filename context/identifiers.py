@@ -16,9 +16,12 @@ Extraction runs each compiled pattern once over each text, in precedence order; 
 overlaps one already taken is dropped, so a URL wins over the host and path inside it, an e-mail
 over its domain, a path over the file name at its end. Heuristics, documented where they bite:
 
-* hex hashes need 8+ hex digits with at least one digit and one letter a-f in one case (git SHAs,
-  sha256); all-letter runs count only from 12 chars, so English words such as "deadbeef" or
-  "acceded" are not hashes; all-digit runs are numbers.
+* hex hashes need 7+ hex digits (git's short SHA) with at least one digit and one letter a-f,
+  in one case; all-letter runs count only from 12 chars, so words such as "deadbeef", "facade"
+  or "acceded" are not hashes; all-digit runs are numbers.
+* beyond the kinds OpenClaw keeps, `host` (bare domains: `api.stripe.com`), `ticket` (`ORD-1042`,
+  `INC0012345`, `CVE-2024-12345`, `#5429`; not `UTF-8`, `SHA-256`, `GPT-4`) and `id` (10+ chars
+  of letters, digits, `_`, `-` with 2+ of each: `claude-3-5-sonnet-20241022`, `cus_N1x2Y3z4`).
 * file names need a known extension (`main.py`, `report_v2.pdf`), which keeps out versions
   (`v3.11.2`), abbreviations (`e.g.`) and sentence ends; bare host names need a common TLD or an
   internal suffix (`.internal`, `.local`, `.lan`).
@@ -59,15 +62,41 @@ DEFAULT_MARKER_FMT = "[REDACTED:{kind}]"
 
 #: Every `Identifier.kind` that extraction can produce.
 IDENTIFIER_KINDS = (
-    "uuid", "hex", "url", "path", "windows_path", "file", "host", "host_port", "ip", "email",
-    "number", "ticket", "id", "custom", "secret",
+    "uuid",
+    "hex",
+    "url",
+    "path",
+    "windows_path",
+    "file",
+    "host",
+    "host_port",
+    "ip",
+    "email",
+    "number",
+    "ticket",
+    "id",
+    "custom",
+    "secret",
 )
 
 #: The kinds named in redaction markers.
 SECRET_KINDS = (
-    "private_key", "jwt", "anthropic_key", "openai_key", "stripe_key", "slack_token",
-    "github_token", "aws_access_key", "google_api_key", "telegram_bot_token", "url_password",
-    "bearer_token", "authorization", "password", "credential", "high_entropy",
+    "private_key",
+    "jwt",
+    "anthropic_key",
+    "openai_key",
+    "stripe_key",
+    "slack_token",
+    "github_token",
+    "aws_access_key",
+    "google_api_key",
+    "telegram_bot_token",
+    "url_password",
+    "bearer_token",
+    "authorization",
+    "password",
+    "credential",
+    "high_entropy",
 )
 
 
@@ -111,9 +140,10 @@ def _strip_trailing(value: str) -> str:
 # A finder gets the text and its lower-cased copy (for cheap case-insensitive pre-checks).
 _Finder = Callable[[str, str], Iterator[tuple[int, int, str]]]
 
+# Placeholders, not secrets: `password: none`, `token: "..."`.
 _NOT_SECRET_VALUES = frozenset(
-    {"none", "null", "nil", "true", "false", "empty", "required", "optional", "unset", "changeme",
-     "undefined", "redacted", "xxx", "****", "...", "…"}
+    "none null nil true false empty required optional unset changeme undefined redacted xxx "
+    "**** ... …".split()
 )
 
 
@@ -121,8 +151,13 @@ def _has_digit(s: str) -> bool:
     return any(c.isdigit() for c in s)
 
 
-def _simple(kind: str, pattern: str, hints: tuple[str, ...] = (), flags: int = 0,
-            check: Callable[[str], bool] | None = None) -> _Finder:
+def _simple(
+    kind: str,
+    pattern: str,
+    hints: tuple[str, ...] = (),
+    flags: int = 0,
+    check: Callable[[str], bool] | None = None,
+) -> _Finder:
     """A finder whose whole match (or group `v`, if present) is the secret.
 
     `hints` are lower-case substrings one of which any match contains: a text without them is
@@ -195,7 +230,9 @@ def _find_assignments(text: str, lower: str) -> Iterator[tuple[int, int, str]]:
             yield start, end, kind
 
 
-_HIGH_ENTROPY_RE = re.compile(r"(?<![A-Za-z0-9+/=_.-])[A-Za-z0-9+_-]{32,}={0,2}(?![A-Za-z0-9+/=_-])")
+_HIGH_ENTROPY_RE = re.compile(
+    r"(?<![A-Za-z0-9+/=_.-])[A-Za-z0-9+_-]{32,}={0,2}(?![A-Za-z0-9+/=_-])"
+)
 _WORDY_RE = re.compile(r"[a-z]{4,}")
 _URL_RE = re.compile(
     rf"(?<![A-Za-z0-9+.-])(?:[A-Za-z][A-Za-z0-9+.-]{{1,15}}://|www\.)"
@@ -247,34 +284,63 @@ _SECRET_FINDERS: tuple[_Finder, ...] = (
         r"(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|(?=\n[ \t]*\n)|\Z)",
         hints=("private key-----",),
     ),
-    _simple("jwt", r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*",
-            hints=("eyj",)),
+    _simple(
+        "jwt",
+        r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*",
+        hints=("eyj",),
+    ),
     _simple("anthropic_key", r"(?<![A-Za-z0-9_-])sk-ant-[A-Za-z0-9_-]{20,}", hints=("sk-ant-",)),
-    _simple("openai_key", r"(?<![A-Za-z0-9_-])sk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{20,}",
-            hints=("sk-",), check=_mixed_key),
-    _simple("stripe_key", r"(?<![A-Za-z0-9_-])(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}",
-            hints=("k_live_", "k_test_")),
-    _simple("slack_token",
-            r"(?<![A-Za-z0-9_-])(?:xox[abposr]-[A-Za-z0-9-]{10,}|xapp-\d-[A-Za-z0-9-]{10,})",
-            hints=("xox", "xapp-")),
-    _simple("github_token",
-            r"(?<![A-Za-z0-9_-])(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,})",
-            hints=("gh", "github_pat_")),
-    _simple("aws_access_key", r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![A-Za-z0-9])",
-            hints=("akia", "asia")),
-    _simple("google_api_key", r"(?<![A-Za-z0-9_-])AIza[0-9A-Za-z_-]{35}(?![A-Za-z0-9_-])",
-            hints=("aiza",)),
-    _simple("telegram_bot_token",
-            r"(?<![A-Za-z0-9_:])\d{8,10}:[A-Za-z0-9_-]{35}(?![A-Za-z0-9_-])",
-            hints=(":",)),
-    _simple("url_password", r"(?<=://)[^\s/@:]*:(?!\[REDACTED)(?P<v>[^\s/@]+)@",
-            hints=("://",)),
-    _simple("bearer_token", r"\bbearer[ \t]+(?P<v>[A-Za-z0-9._~+/-]{16,}=*)",
-            hints=("bearer",), flags=re.IGNORECASE, check=_bearer_ok),
-    _simple("authorization",
-            r"\bauthorization[\"']?[ \t]*[:=][ \t]*[\"']?(?:basic|token|digest)[ \t]+"
-            r"(?P<v>[A-Za-z0-9._~+/-]{8,}=*)",
-            hints=("authorization",), flags=re.IGNORECASE),
+    _simple(
+        "openai_key",
+        r"(?<![A-Za-z0-9_-])sk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{20,}",
+        hints=("sk-",),
+        check=_mixed_key,
+    ),
+    _simple(
+        "stripe_key",
+        r"(?<![A-Za-z0-9_-])(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}",
+        hints=("k_live_", "k_test_"),
+    ),
+    _simple(
+        "slack_token",
+        r"(?<![A-Za-z0-9_-])(?:xox[abposr]-[A-Za-z0-9-]{10,}|xapp-\d-[A-Za-z0-9-]{10,})",
+        hints=("xox", "xapp-"),
+    ),
+    _simple(
+        "github_token",
+        r"(?<![A-Za-z0-9_-])(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,})",
+        hints=("gh", "github_pat_"),
+    ),
+    _simple(
+        "aws_access_key",
+        r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![A-Za-z0-9])",
+        hints=("akia", "asia"),
+    ),
+    _simple(
+        "google_api_key",
+        r"(?<![A-Za-z0-9_-])AIza[0-9A-Za-z_-]{35}(?![A-Za-z0-9_-])",
+        hints=("aiza",),
+    ),
+    _simple(
+        "telegram_bot_token",
+        r"(?<![A-Za-z0-9_:])\d{8,10}:[A-Za-z0-9_-]{35}(?![A-Za-z0-9_-])",
+        hints=(":",),
+    ),
+    _simple("url_password", r"(?<=://)[^\s/@:]*:(?!\[REDACTED)(?P<v>[^\s/@]+)@", hints=("://",)),
+    _simple(
+        "bearer_token",
+        r"\bbearer[ \t]+(?P<v>[A-Za-z0-9._~+/-]{16,}=*)",
+        hints=("bearer",),
+        flags=re.IGNORECASE,
+        check=_bearer_ok,
+    ),
+    _simple(
+        "authorization",
+        r"\bauthorization[\"']?[ \t]*[:=][ \t]*[\"']?(?:basic|token|digest)[ \t]+"
+        r"(?P<v>[A-Za-z0-9._~+/-]{8,}=*)",
+        hints=("authorization",),
+        flags=re.IGNORECASE,
+    ),
     _find_assignments,
     _find_high_entropy,
 )
@@ -317,9 +383,7 @@ def _apply_markers(
     return "".join(parts), marked
 
 
-def redact_secrets(
-    text: str, marker_fmt: str = DEFAULT_MARKER_FMT
-) -> tuple[str, list[Identifier]]:
+def redact_secrets(text: str, marker_fmt: str = DEFAULT_MARKER_FMT) -> tuple[str, list[Identifier]]:
     """Replace every secret with a marker; return the text and the markers as identifiers.
 
     This is the default for everything that reaches a summarizer, a summary or a log. The
@@ -336,23 +400,26 @@ def redact_secrets(
 
 # -- identifiers ----------------------------------------------------------------------------
 
+# Known file extensions: a dotted word is a file name only if its extension is one of these
+# (no single letters but C's `c`/`h`, nothing that reads as a TLD such as `org` or `ai`).
 _FILE_EXTS = frozenset(
-    """py pyi pyc pyx ipynb js mjs cjs ts mts cts tsx jsx json jsonl ndjson json5 yaml yml toml
-    ini cfg conf config env properties txt md markdown rst adoc org csv tsv log xml xsd xsl html
-    htm xhtml css scss sass less sql db sqlite sqlite3 sh bash zsh fish ps1 psm1 bat cmd exe dll
-    so dylib bin o obj lib jar war class java kt kts scala groovy gradle go rs c h cc cpp cxx
-    hpp hh hxx cs fs fsx vb swift mm rb erb php pl pm lua jl dart ex exs erl hrl hs elm clj cljs
-    ml mli nim zig v sv vhd vue svelte astro pdf doc docx xls xlsx xlsm ppt pptx odt ods odp rtf
-    epub pages numbers key png jpg jpeg gif bmp svg webp ico icns tif tiff heic avif psd ai
-    sketch fig mp3 wav flac ogg oga opus m4a aac mp4 m4v mov avi mkv webm wmv zip tar gz tgz
-    bz2 xz zst 7z rar lz4 whl egg deb rpm apk aab ipa dmg iso img msi pkg snap lock pem crt cer
-    pub p12 pfx csr der gpg asc sig tf tfvars tfstate hcl proto graphql gql thrift avsc patch
-    diff tmp bak swp orig service timer socket mount plist mk cmake nix spec vim el sbt wasm
-    parquet avro arrow feather npy npz pkl pickle pt pth onnx h5 hdf5 ckpt safetensors gguf ggml
-    tflite ics vcf eml msg mbox tex bib sty cls srt vtt ass sub ttf otf woff woff2 eot jinja
-    jinja2 j2 tmpl tpl hbs mustache ejs pug liquid ps eps dot gv puml drawio bicep cue rego
-    dockerfile containerfile editorconfig gitignore sum mod""".split()
+    """py pyi pyc pyx ipynb js mjs cjs ts mts cts tsx jsx json jsonl ndjson json5 yaml yml toml ini
+    cfg conf config env properties txt md markdown rst adoc csv tsv log xml xsd xsl html htm
+    xhtml css scss sass less sql db sqlite sqlite3 sh bash zsh fish ps1 psm1 bat cmd exe dll so
+    dylib bin obj lib jar war class java kt kts scala groovy gradle go rs c h cc cpp cxx hpp hh
+    hxx cs fs fsx vb swift mm rb erb php pl lua jl dart ex exs erl hrl hs elm clj cljs nim zig
+    sv vhd vue svelte astro pdf doc docx xls xlsx xlsm ppt pptx odt ods odp rtf epub key png jpg
+    jpeg gif bmp svg webp ico icns tif tiff heic avif psd sketch mp3 wav flac ogg oga opus m4a
+    aac mp4 m4v mov avi mkv webm wmv zip tar gz tgz bz2 xz zst 7z rar lz4 whl egg deb rpm apk
+    aab ipa dmg iso img msi pkg snap lock pem crt cer pub p12 pfx csr der gpg asc sig tf tfvars
+    tfstate hcl proto graphql gql thrift avsc patch diff tmp bak swp orig service timer socket
+    mount plist mk cmake nix spec vim sbt wasm parquet avro arrow feather npy npz pkl pickle pt
+    pth onnx h5 hdf5 ckpt safetensors gguf ggml tflite ics vcf eml msg mbox tex bib sty cls srt
+    vtt ttf otf woff woff2 eot jinja jinja2 j2 tmpl tpl hbs mustache ejs pug liquid eps gv puml
+    drawio bicep cue rego dockerfile containerfile editorconfig gitignore sum mod""".split()
 )
+# Code idioms that look like file names.
+_NOT_FILES = frozenset({"console.log", "process.env", "res.json", "req.json"})
 _TLDS = frozenset(
     """com net org edu gov mil int io ai dev app co uk de fr jp cn ru nl eu ca au br es ch se fi dk
     cz kr tw hk sg nz za mx ar in info biz tv gg cloud tech site online xyz page pro shop store
@@ -460,7 +527,7 @@ def _judge_dotted(raw: str) -> tuple[str, str] | None:
     labels = raw.split(".")
     last = labels[-1].lower()
     if last in _FILE_EXTS and any(c.isalnum() for c in raw[: -len(last) - 1]):
-        if _JS_FRAMEWORK_RE.fullmatch(raw):  # Node.js, Vue.js: names, not files
+        if _JS_FRAMEWORK_RE.fullmatch(raw) or raw in _NOT_FILES:  # Node.js, Vue.js: names
             return None
         return raw, "file"
     if (
@@ -509,7 +576,8 @@ def _kind(kind: str) -> _Judge:
     return judge
 
 
-_HOST = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOST = rf"{_LABEL}(?:\.{_LABEL})*"
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 _SEG = rf"[{_L}.@%+=~-]+"
 _WIN_SEG = rf"[^\\/:*?\"<>|\s`{_CJK}{_WIDE}]+"
@@ -535,37 +603,100 @@ class _Rule:
 _RULES: tuple[_Rule, ...] = (
     _Rule(_URL_RE, _judge_url, ("://", "www.")),
     # scp-style git remotes: git@github.com:org/repo.git
-    _Rule(re.compile(r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}:"
-                     r"[A-Za-z0-9_.~-][A-Za-z0-9_./~-]*"), _judge_scp, ("@",)),
-    _Rule(re.compile(r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+@" + _HOST + r"\.[A-Za-z]{2,24}"
-                     r"(?![A-Za-z0-9-])"), _kind("email"), ("@",)),
-    _Rule(re.compile(rf"(?<=\")[A-Za-z]:\\[^\"\n]+(?=\")"
-                     rf"|(?<![A-Za-z0-9_])(?:[A-Za-z]:[\\/]|\\\\[A-Za-z0-9_.$-]+\\)"
-                     rf"{_WIN_SEG}(?:[\\/]{_WIN_SEG})*[\\/]?"), _judge_windows, ("\\", ":/")),
-    _Rule(re.compile(r"(?<![A-Za-z0-9_-])[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"
-                     r"[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(?![A-Za-z0-9_-])"), _kind("uuid"), ("-",),
-          pre=re.compile(r"-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-")),
-    _Rule(re.compile(rf"(?<![{_L}:/.~\\-])(?:(?:~[{_L}.-]*|\.\.?)?(?:/{_SEG})+/?"
-                     rf"|{_SEG}(?:/{_SEG})+/?)"), _judge_path, ("/",)),
-    _Rule(re.compile(r"(?<![A-Za-z0-9_:.])(?=[0-9A-Fa-f:.]*:[0-9A-Fa-f]*:)[0-9A-Fa-f:.]{2,45}"
-                     r"(?:%[A-Za-z0-9]+)?(?![A-Za-z0-9_:])"), _judge_ipv6, (":",), digit=True,
-          pre=re.compile(r":[0-9A-Fa-f]{0,4}:")),
-    _Rule(re.compile(rf"(?=\d)(?<![A-Za-z0-9_.])(?:{_OCTET}\.){{3}}{_OCTET}(?:/(?:3[0-2]|[12]?\d))?"
-                     r"(?::\d{1,5})?(?![A-Za-z0-9_]|\.\d)"), _kind("ip"), (".",), digit=True,
-          pre=re.compile(r"\.\d{1,3}\.\d")),
-    _Rule(re.compile(rf"(?<![{_L}.@:-]){_HOST}:\d{{2,5}}(?:/[{_L}.@%+=~/-]*)?(?![{_L}:]|\.\d)"),
-          _judge_host_port, (":",), digit=True, pre=re.compile(r":\d\d")),
+    _Rule(
+        re.compile(
+            r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}:"
+            r"[A-Za-z0-9_.~-][A-Za-z0-9_./~-]*"
+        ),
+        _judge_scp,
+        ("@",),
+    ),
+    _Rule(
+        re.compile(
+            r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+@" + _HOST + r"\.[A-Za-z]{2,24}"
+            r"(?![A-Za-z0-9-])"
+        ),
+        _kind("email"),
+        ("@",),
+    ),
+    _Rule(
+        re.compile(
+            rf"(?<=\")[A-Za-z]:\\[^\"\n]+(?=\")"
+            rf"|(?<![A-Za-z0-9_])(?:[A-Za-z]:[\\/]|\\\\[A-Za-z0-9_.$-]+\\)"
+            rf"{_WIN_SEG}(?:[\\/]{_WIN_SEG})*[\\/]?"
+        ),
+        _judge_windows,
+        ("\\", ":/"),
+    ),
+    _Rule(
+        re.compile(
+            r"(?<![A-Za-z0-9_-])[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"
+            r"[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(?![A-Za-z0-9_-])"
+        ),
+        _kind("uuid"),
+        ("-",),
+        pre=re.compile(r"-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"),
+    ),
+    _Rule(
+        re.compile(
+            rf"(?<![{_L}:/.~\\-])(?:(?:~[{_L}.-]*|\.\.?)?(?:/{_SEG})+/?"
+            rf"|{_SEG}(?:/{_SEG})+/?)"
+        ),
+        _judge_path,
+        ("/",),
+    ),
+    _Rule(
+        re.compile(
+            r"(?<![A-Za-z0-9_:.])(?=[0-9A-Fa-f:.]*:[0-9A-Fa-f]*:)[0-9A-Fa-f:.]{2,45}"
+            r"(?:%[A-Za-z0-9]+)?(?![A-Za-z0-9_:])"
+        ),
+        _judge_ipv6,
+        (":",),
+        digit=True,
+        pre=re.compile(r":[0-9A-Fa-f]{0,4}:"),
+    ),
+    _Rule(
+        re.compile(
+            rf"(?=\d)(?<![A-Za-z0-9_.])(?:{_OCTET}\.){{3}}{_OCTET}(?:/(?:3[0-2]|[12]?\d))?"
+            r"(?::\d{1,5})?(?![A-Za-z0-9_]|\.\d)"
+        ),
+        _kind("ip"),
+        (".",),
+        digit=True,
+        pre=re.compile(r"\.\d{1,3}\.\d"),
+    ),
+    _Rule(
+        re.compile(rf"(?<![{_L}.@:-]){_HOST}:\d{{2,5}}(?:/[{_L}.@%+=~/-]*)?(?![{_L}:-]|\.\d)"),
+        _judge_host_port,
+        (":",),
+        digit=True,
+        pre=re.compile(r":\d\d"),
+    ),
     # A literal first char, then the lookbehind (re skips fast to candidate first chars).
-    _Rule(re.compile(rf"[A-Z](?<![{_L}-][A-Z])(?:[A-Z0-9]{{1,9}}(?:-\d+)+|[A-Z]{{1,5}}\d{{5,}})"
-                     rf"{_END}|#(?<![{_L}&#]#)\d{{2,}}(?![{_L}])"), _judge_ticket, digit=True),
+    _Rule(
+        re.compile(
+            rf"[A-Z](?<![{_L}-][A-Z])(?:[A-Z0-9]{{1,9}}(?:-\d+)+|[A-Z]{{1,5}}\d{{5,}})"
+            rf"{_END}|#(?<![{_L}&#]#)\d{{2,}}(?![{_L}])"
+        ),
+        _judge_ticket,
+        digit=True,
+    ),
     _Rule(re.compile(rf"(?<![{_L}@./\\-])[{_L}-]+(?:\.[{_L}-]+)+{_END}"), _judge_dotted, (".",)),
-    _Rule(re.compile(rf"(?<![{_L}./\\-])\.[a-z][a-z0-9_.-]{{1,40}}{_END}"), _judge_dotfile,
-          (".",)),
+    _Rule(re.compile(rf"(?<![{_L}./\\-])\.[a-z][a-z0-9_.-]{{1,40}}{_END}"), _judge_dotfile, (".",)),
     _Rule(re.compile(rf"(?<![{_L}-])(?<![{_L}]\.)(?:0[xX])?[0-9a-fA-F]{{7,}}{_END}"), _judge_hex),
-    _Rule(re.compile(rf"(?<![{_L}-])(?<![{_L}]\.)[A-Za-z0-9][A-Za-z0-9_-]{{8,}}[A-Za-z0-9]{_END}"),
-          _judge_id, digit=True),
-    _Rule(re.compile(rf"\d(?<![{_L}.,]\d)(?:\d{{0,2}}(?:,\d{{3}})+(?:\.\d+)?|\d{{0,2}}(?:_\d{{3}})+"
-                     rf"|\d*(?:\.\d+)?)(?![{_L}]|[.,]\d)"), _judge_number, digit=True),
+    _Rule(
+        re.compile(rf"(?<![{_L}-])(?<![{_L}]\.)[A-Za-z0-9][A-Za-z0-9_-]{{8,}}[A-Za-z0-9]{_END}"),
+        _judge_id,
+        digit=True,
+    ),
+    _Rule(
+        re.compile(
+            rf"\d(?<![{_L}.,]\d)(?:\d{{0,2}}(?:,\d{{3}})+(?:\.\d+)?|\d{{0,2}}(?:_\d{{3}})+"
+            rf"|\d*(?:\.\d+)?)(?![{_L}]|[.,]\d)"
+        ),
+        _judge_number,
+        digit=True,
+    ),
 )
 
 # Mask values: 0 free, 1 taken by an identifier, 2 inside a secret marker, 3 a marker's first
@@ -659,8 +790,11 @@ def extract_identifiers(
         if not text:
             continue
         for _pos, _order, ident in _scan(
-            text, builtin=policy == "strict", customs=customs,
-            keep_secrets=keep_secrets, marker_fmt=marker_fmt,
+            text,
+            builtin=policy == "strict",
+            customs=customs,
+            keep_secrets=keep_secrets,
+            marker_fmt=marker_fmt,
         ):
             if ident.value not in seen:
                 seen[ident.value] = ident

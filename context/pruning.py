@@ -55,9 +55,42 @@ ERROR_RE = re.compile(
 _MAX_BLOCK_LINES = 40
 
 
+#: Every `ERROR_RE` alternative contains one of these (case-insensitively). A plain substring
+#: search is ~100x faster than the regex, so texts without any of them skip it.
+_ERROR_HINTS = (
+    "traceback", "error", "exception", "err!", "fail", "fatal", "panic", "exit",
+    "segmentation", "core dumped", "not found", "no such file", "permission denied", "stderr",
+)
+
+
+def _may_have_error(text: str) -> bool:
+    lower = text.lower()
+    return any(hint in lower for hint in _ERROR_HINTS)
+
+
 def looks_like_error(text: str) -> bool:
     """True when `text` contains a line that looks like a failure (see `ERROR_RE`)."""
-    return ERROR_RE.search(text) is not None
+    return _may_have_error(text) and ERROR_RE.search(text) is not None
+
+
+def _last_error_match(text: str, start: int) -> re.Match[str] | None:
+    """The last `ERROR_RE` match at or after `start`, without running the regex over the whole
+    text: every alternative contains a hint word, so only the lines holding the last hint
+    occurrences are tried, from the end backwards (C-speed `rfind`, then one short regex)."""
+    lower = text.lower()
+    end = len(text)
+    while end > start:
+        hit = max(lower.rfind(hint, start, end) for hint in _ERROR_HINTS)
+        if hit < 0:
+            return None
+        line_start = max(text.rfind("\n", start, hit) + 1, start)
+        line_end = text.find("\n", hit)
+        line_end = len(text) if line_end == -1 else line_end
+        found = deque(ERROR_RE.finditer(text, line_start, line_end), maxlen=1)
+        if found:
+            return found[0]
+        end = line_start
+    return None
 
 
 def last_error_block(text: str, start: int = 0) -> tuple[int, int] | None:
@@ -66,10 +99,9 @@ def last_error_block(text: str, start: int = 0) -> tuple[int, int] | None:
     The block ends with the last error line and extends back over contiguous error lines and
     indented lines (traceback frames), at most `_MAX_BLOCK_LINES` lines, never before `start`.
     """
-    found = deque(ERROR_RE.finditer(text, start), maxlen=1)
-    if not found:
+    last = _last_error_match(text, start)
+    if last is None:
         return None
-    last = found[0]
     line_start = text.rfind("\n", 0, last.start()) + 1
     line_end = text.find("\n", last.end())
     line_end = len(text) if line_end == -1 else line_end
