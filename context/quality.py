@@ -10,6 +10,7 @@ back as plain sentences (`problems`) that the caller feeds to the model for a re
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections import Counter
@@ -192,6 +193,17 @@ def semantic_retention(
     a term repeated in one message outranks filler spread over all of them. Ties go to the
     earlier term. 1.0 when the source has no terms.
     """
+    top = salient_terms(tuple(source_texts), max(1, top_k))
+    if not top:
+        return 1.0
+    have = keywords(summary)
+    return sum(1 for t in top if t in have) / len(top)
+
+
+@functools.lru_cache(maxsize=16)
+def salient_terms(source_texts: tuple[str, ...], top_k: int) -> tuple[str, ...]:
+    """The source's top-K terms by tf·idf weight. Cached: every attempt of one compaction is
+    audited against the same source."""
     tf: Counter[str] = Counter()
     df: Counter[str] = Counter()
     first: dict[str, int] = {}
@@ -201,15 +213,11 @@ def semantic_retention(
         df.update(set(terms))
         for term in terms:
             first.setdefault(term, len(first))
-    if not tf:
-        return 1.0
     n = len(source_texts)
     weight = {
         t: (1.0 + math.log(c)) * (1.0 + math.log((1 + n) / (1 + df[t]))) for t, c in tf.items()
     }
-    top = sorted(weight, key=lambda t: (-weight[t], first[t]))[: max(1, top_k)]
-    have = keywords(summary)
-    return sum(1 for t in top if t in have) / len(top)
+    return tuple(sorted(weight, key=lambda t: (-weight[t], first[t]))[:top_k])
 
 
 # -- the report -----------------------------------------------------------------------------
