@@ -67,6 +67,8 @@ class TurnContext:
     summary: str | None = None
     """The latest compaction summary, when one covers the start of the history."""
     summary_first_seq: int | None = None
+    refresh: str | None = None
+    """The post-compaction refresh block (AGENTS.md sections), sent right after the summary."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +138,8 @@ class FullHistoryEngine:
     def assemble(self, turn: TurnContext) -> ContextPlan:
         system = Message(role="system", content=turn.system_prompt)
         head = [summary_message(turn.summary)] if turn.summary else []
+        if turn.refresh:
+            head.append(Message(role="system", content=turn.refresh))
         body = drop_orphaned_tool_messages([*head, *turn.history, *turn.incoming])
         return ContextPlan(messages=[system, *body], notes=("full history",))
 
@@ -200,6 +204,8 @@ class DefaultContextEngine:
 
         system = count(Message(role="system", content=turn.system_prompt))
         head = [count(summary_message(turn.summary))] if turn.summary else []
+        if turn.refresh:
+            head.append(count(Message(role="system", content=turn.refresh)))
         incoming = [count(m) for m in turn.incoming]
         fixed = system.tokens or 0
         fixed += sum(m.tokens or 0 for m in head) + settings.tools_tokens
@@ -415,6 +421,8 @@ class DefaultContextEngine:
             window=settings.window.tokens,
             instructions=instructions or base.instructions,
             summary_budget_tokens=budget.summary_cap,
+            # Small windows: cut the summary body (not the identifiers) to fit its share.
+            summary_max_chars=min(base.summary_max_chars, budget.summary_cap * 3),
         )
         return await run_compaction(
             [*turn.history, *turn.incoming],

@@ -10,6 +10,7 @@ from gateway.config import Config
 from gateway.context_setup import ContextResolver
 from gateway.engines import load_engine
 from gateway.llm import NOT_CONFIGURED, LLMProvider
+from gateway.memory_tools import MemoryFlush, MemoryTools
 from gateway.queue import LanesClosedError, SessionLanes
 from gateway.runner import Runner
 from gateway.sessions import SessionKeyer
@@ -17,6 +18,7 @@ from gateway.store import SessionInfo, Store
 from gateway.summarizer import make_summary_call, summary_provider
 from gateway.text import clean_text
 from gateway.tools import ToolRegistry, default_registry
+from memory.index import MemoryIndex
 from memory.workspace import ensure_workspace
 
 log = logging.getLogger(__name__)
@@ -32,15 +34,24 @@ class Gateway:
         self.channels: dict[str, Channel] = {}
         self.resolver = ContextResolver(config, self.llm)
         self.summary_llm = summary_provider(config, self.llm)
+        self.memory_index = MemoryIndex(config.data_dir / "memory-index.db", config.workspace)
+        memory = MemoryTools(config.workspace, self.memory_index, config.gateway.timezone)
+        self.tools = tools or default_registry()
+        memory_only = ToolRegistry()
+        for tool in memory.tools():
+            memory_only.register(tool)
+            if tool.name not in self.tools.tools:
+                self.tools.register(tool)
         self.runner = Runner(
             config,
             self.store,
             self.engine,
             self.llm,
-            tools or default_registry(),
+            self.tools,
             self.deliver,
             self.resolver,
             make_summary_call(config, self.summary_llm),
+            MemoryFlush(self.llm, memory_only, self.store, config.gateway.timezone),
         )
         self.lanes = SessionLanes(self.runner.run_turn, config.gateway.max_concurrent_turns)
         self._started = False
@@ -60,6 +71,7 @@ class Gateway:
         if self.summary_llm is not self.llm:
             await self.summary_llm.close()
         await self.store.close()
+        self.memory_index.close()
 
     async def start(self) -> None:
         """Open the store and workspace, start channels, resume any unanswered messages."""

@@ -7,6 +7,7 @@ import json
 import logging
 import signal
 import sys
+from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
@@ -39,6 +40,9 @@ sessions_app = typer.Typer(help="Inspect sessions.", no_args_is_help=True)
 app.add_typer(sessions_app, name="sessions")
 context_app = typer.Typer(help="Inspect and manage the context engine.", no_args_is_help=True)
 app.add_typer(context_app, name="context")
+memory_app = typer.Typer(help="Inspect the workspace memory (memory/ notes, MEMORY.md).",
+                         no_args_is_help=True)
+app.add_typer(memory_app, name="memory")
 
 
 class State:
@@ -433,6 +437,109 @@ def _print_explain(f: dict[str, Any]) -> None:
         )
     for note in f["notes"]:
         console.print(f"- {escape(note)}")
+
+
+def _memory_index(config: Config) -> Any:
+    from memory.index import MemoryIndex
+
+    ensure_workspace(config.workspace)
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    return MemoryIndex(config.data_dir / "memory-index.db", config.workspace)
+
+
+@memory_app.command("ls")
+def memory_ls(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
+) -> None:
+    """List the workspace's memory files."""
+    from memory.workspace import list_workspace_files
+
+    config = _config()
+    ensure_workspace(config.workspace)
+    files = list_workspace_files(config.workspace)
+    if as_json:
+        print(json.dumps([asdict(f) for f in files], indent=2, ensure_ascii=False, default=str))
+        return
+    table = Table("file", "lines", "bytes", "modified", title=str(config.workspace))
+    for f in files:
+        table.add_row(
+            escape(f.path), str(f.lines), f"{f.size:,}", f"{f.modified:%Y-%m-%d %H:%M} UTC"
+        )
+    console.print(table)
+
+
+@memory_app.command("show")
+def memory_show(
+    file: Annotated[str, typer.Argument(help="Workspace-relative path, e.g. memory/2026-12-02.md")],
+    start: Annotated[int, typer.Option(help="First line (1-based)")] = 1,
+    count: Annotated[int | None, typer.Option(help="How many lines")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
+) -> None:
+    """Show a workspace file (confined to the workspace, like the agent's tools)."""
+    from memory.notes import read_lines
+    from memory.workspace import WorkspacePathError
+
+    config = _config()
+    try:
+        result = read_lines(config.workspace, file, start, count)
+    except (WorkspacePathError, ValueError, OSError) as exc:
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(1) from None
+    if as_json:
+        print(json.dumps(asdict(result), indent=2, ensure_ascii=False))
+        return
+    console.print(escape(result.render()), highlight=False)
+
+
+@memory_app.command("search")
+def memory_search(
+    query: Annotated[str, typer.Argument(help="Words, identifiers, Chinese or Japanese text")],
+    limit: Annotated[int, typer.Option(help="Most hits to show")] = 10,
+    corpus: Annotated[str, typer.Option(help="notes, transcripts or all")] = "notes",
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
+) -> None:
+    """Full-text search (FTS5, BM25, trigram) over the memory files."""
+    config = _config()
+    index = _memory_index(config)
+    try:
+        index.refresh()
+        hits = index.search(query, limit=limit, corpus=corpus)
+    finally:
+        index.close()
+    if as_json:
+        print(json.dumps([asdict(h) for h in hits], indent=2, ensure_ascii=False))
+        return
+    if not hits:
+        console.print("no matches")
+        return
+    table = Table("where", "score", "snippet", title=f"memory search: {escape(query)}")
+    for h in hits:
+        table.add_row(escape(h.location), f"{h.score:.2f}", escape(h.snippet))
+    console.print(table)
+
+
+@memory_app.command("reindex")
+def memory_reindex(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
+) -> None:
+    """Rebuild the memory search index from the files."""
+    from rich.progress import Progress
+
+    config = _config()
+    index = _memory_index(config)
+    try:
+        with Progress(console=err_console, transient=True) as progress:
+            progress.add_task("reindexing memory…", total=None)
+            stats = index.reindex()
+    finally:
+        index.close()
+    if as_json:
+        print(json.dumps(asdict(stats), indent=2))
+        return
+    console.print(
+        f"reindexed {stats.files_scanned} files ({stats.chunks_written} chunks) "
+        f"in {stats.seconds:.2f} s"
+    )
 
 
 @app.command("config-check")

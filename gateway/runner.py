@@ -29,9 +29,10 @@ from context.window import WindowTooSmallError
 from gateway.config import Config
 from gateway.context_setup import ContextResolver, Conversation
 from gateway.llm import ContextOverflowError, LLMError, LLMProvider
+from gateway.memory_tools import MemoryFlush
 from gateway.store import CompactionRow, MessageRow, SessionRow, Store, TurnUsage, row_to_message
 from gateway.tools import ToolContext, ToolRegistry
-from memory.agents_md import extract_sections
+from memory.agents_md import AgentsFile
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,7 @@ class Runner:
         deliver: Deliver,
         resolver: ContextResolver,
         summarize: SummaryCall,
+        flush: MemoryFlush | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -97,6 +99,8 @@ class Runner:
         self.deliver = deliver
         self.resolver = resolver
         self.summarize = summarize
+        self.flush = flush
+        self.agents = AgentsFile(config.workspace / "AGENTS.md")
         self.on_turn: Callable[[TurnStats], None] | None = None
         self.last_plan: dict[str, ContextPlan] = {}
         self.history_cache_sessions = 256
@@ -193,6 +197,8 @@ class Runner:
         for _round in range(self.config.llm.max_tool_rounds):
             turn = self.turn_context(session_key, view, first_seq, settings)
             plan = self.engine.assemble(turn)
+            if plan.facts.get("to_flush", 1) <= 0 or plan.wants_compaction:
+                await self._flush_if_due(session_key, plan)
             if plan.wants_compaction and not compacted_this_turn:
                 blocked = await self._compaction_blocked(session_key)
                 if blocked is None:
@@ -214,6 +220,9 @@ class Runner:
             self.last_plan[session_key] = plan
             try:
                 completion = await self.llm.complete(plan.messages, tool_specs)
+                if turn.refresh and view.summary is not None and view.summary.id is not None:
+                    await self.store.mark_refreshed(view.summary.id)
+                    view.summary.refreshed = True
             except ContextOverflowError as exc:
                 overflow_retries += 1
                 if overflow_retries > self.config.context.overflow_retries:
@@ -223,6 +232,7 @@ class Runner:
                     "(attempt %d of %d)",
                     session_key, exc.detail, overflow_retries, self.config.context.overflow_retries,
                 )
+                await self._flush_if_due(session_key, plan)
                 result = await self._compact(session_key, turn, "", reason="provider-overflow")
                 if result is None or not result.committed:
                     raise self._overflow_error(plan, settings, exc) from exc
@@ -267,9 +277,14 @@ class Runner:
         """History before this turn, and this turn's messages (its tool rounds included)."""
         history = view.history
         split = bisect.bisect_left(history, first_seq, key=lambda m: m.seq or 0)
+        summary = view.summary
+        refresh = None
+        if summary is not None and not summary.refreshed:
+            refresh = self.agents.refresh_block(self.config.memory.post_compaction_sections)
         return TurnContext(
             session_key=session_key,
-            system_prompt=self.config.gateway.system_prompt,
+            system_prompt=self.system_prompt(),
+            refresh=refresh,
             history=history[:split],
             incoming=history[split:],
             model=self.llm.model,
@@ -319,12 +334,22 @@ class Runner:
 
     def critical_rules(self) -> str:
         """AGENTS.md's configured sections (default "Session Startup" and "Red Lines")."""
-        path = self.config.workspace / "AGENTS.md"
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError:
-            return ""
-        return extract_sections(text, self.config.memory.post_compaction_sections, 3_000)
+        return self.agents.sections(self.config.memory.post_compaction_sections, 3_000)
+
+    def system_prompt(self) -> str:
+        """The configured system prompt, plus AGENTS.md's red lines on every turn."""
+        red_lines = self.agents.red_lines()
+        base = self.config.gateway.system_prompt
+        return f"{base}\n\n{red_lines}" if red_lines else base
+
+    async def _flush_if_due(self, session_key: str, plan: ContextPlan) -> None:
+        """The silent memory flush, once per compaction cycle, before compaction can run."""
+        if self.flush is None:
+            return
+        session = await self.store.get_session(session_key)
+        if session is None or not self.flush.due(session):
+            return
+        await self.flush.run(session, plan.messages)
 
     async def view(self, session_id: int) -> SessionView:
         """Latest summary + the stored messages after its range (only new rows are loaded)."""
@@ -377,6 +402,7 @@ class Runner:
         settings = self.settings_for(session, None)
         view = await self.view(session.id)
         turn = self.turn_context(session_key, view, 1 << 62, settings)
+        await self._flush_if_due(session_key, self.engine.assemble(turn))
         return await self._compact(session_key, turn, instructions, reason=reason)
 
     async def _compact(

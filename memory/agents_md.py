@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 _FENCE = re.compile(r"^\s*(```|~~~)")
@@ -54,10 +55,54 @@ def parse_sections(text: str) -> list[Section]:
 def extract_sections(text: str, names: Sequence[str], max_chars: int | None = None) -> str:
     """The named H2/H3 sections, in the order asked, as Markdown; '' when none exist."""
     wanted = [n.strip().lower() for n in names]
-    found = {
-        s.title.lower(): s for s in parse_sections(text) if s.level in (2, 3) and s.body
-    }
+    found: dict[str, Section] = {}
+    for section in parse_sections(text):
+        if section.level in (2, 3) and section.body:
+            found.setdefault(section.title.lower(), section)  # the first one wins
     out = "\n\n".join(found[n].render() for n in wanted if n in found)
     if max_chars is not None and len(out) > max_chars:
         out = out[: max(0, max_chars - 1)].rstrip() + "…"
     return out
+
+
+POST_COMPACTION_HEADER = (
+    "[Post-compaction context refresh] Earlier messages were compacted into the summary above. "
+    "The summary is a hint, not a substitute for these standing instructions from AGENTS.md:"
+)
+RED_LINES = "Red Lines"
+
+
+class AgentsFile:
+    """AGENTS.md in the workspace, re-read only when it changes (people edit it by hand)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stamp: tuple[int, int] | None = None
+        self._text = ""
+
+    def text(self) -> str:
+        try:
+            stat = self.path.stat()
+        except OSError:
+            self._stamp, self._text = None, ""
+            return ""
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        if stamp != self._stamp:
+            try:
+                self._text = self.path.read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                self._text = ""
+            self._stamp = stamp
+        return self._text
+
+    def sections(self, names: Sequence[str], max_chars: int | None = None) -> str:
+        return extract_sections(self.text(), names, max_chars)
+
+    def red_lines(self) -> str:
+        """The "Red Lines" section, for every turn's system prompt."""
+        return self.sections([RED_LINES], 3_000)
+
+    def refresh_block(self, names: Sequence[str], max_chars: int = 3_000) -> str | None:
+        """The block injected before the first model call after a compaction."""
+        body = self.sections(names, max_chars)
+        return f"{POST_COMPACTION_HEADER}\n\n{body}" if body else None

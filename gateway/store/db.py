@@ -386,6 +386,17 @@ class Store:
             stmt = update(SessionRow).where(col(SessionRow.id) == session_id)
             await db.exec(stmt.values(**values))
 
+    async def mark_refreshed(self, compaction_id: int) -> None:
+        async with self._write() as db:
+            stmt = update(CompactionRow).where(col(CompactionRow.id) == compaction_id)
+            await db.exec(stmt.values(refreshed=True))
+
+    async def mark_flushed(self, session_id: int, cycle: int) -> None:
+        """Record that the memory flush ran for this compaction cycle (never on failure)."""
+        async with self._write() as db:
+            stmt = update(SessionRow).where(col(SessionRow.id) == session_id)
+            await db.exec(stmt.values(flushed_cycle=cycle))
+
     async def compactions(self, session_id: int) -> list[CompactionRow]:
         async with self._sessions() as db:
             result = await db.exec(

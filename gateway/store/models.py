@@ -91,3 +91,5 @@ class CompactionRow(SQLModel, table=True):
     model: str | None = None
     created_at: datetime = Field(default_factory=utcnow)
     undone: bool = False
+    # Set once the post-compaction refresh block has gone out with a model call.
+    refreshed: bool = False

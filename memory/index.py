@@ -1,0 +1,538 @@
+"""Full-text search over the workspace's Markdown (`memory_search`).
+
+SQLite FTS5 with the `trigram` tokenizer: Chinese and Japanese have no spaces between words, so
+a word-splitting tokenizer would index whole sentences as one token; trigrams make any substring
+of three or more characters findable in any script, ranked by BM25. Terms shorter than three
+characters (two-character Chinese words such as 会议, or "go") cannot use a trigram index, so a
+query containing one is answered by a scan of the chunk text with the same BM25 formula computed
+in Python; at tens of thousands of chunks that is still a few milliseconds.
+
+The index is derived data. `refresh()` follows the files incrementally: a file is re-read only
+when its size or mtime changed, re-chunked only when its SHA-256 changed, and dropped when it
+disappears, so hand edits by people are picked up without a full rebuild. The optional
+transcripts corpus is not derived from files (archived session transcripts are added by the
+gateway), so `reindex()` leaves it alone.
+
+Synchronous on purpose: the gateway calls it through `asyncio.to_thread`; one connection guarded
+by a lock serves those worker threads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from memory.workspace import scan_workspace, split_lines
+
+Corpus = Literal["notes", "transcripts", "all"]
+
+SCHEMA_VERSION = 1
+CHUNK_CHARS = 1_600
+"""About 400 tokens: small enough to point at a few lines, big enough to keep an entry whole."""
+MIN_TRIGRAM = 3
+MAX_TERMS = 16
+MAX_TERM_CHARS = 100
+MAX_LIMIT = 50
+SNIPPET_CHARS = 240
+RACY_NS = 2_000_000_000
+"""A file modified this recently may change again within the same mtime tick without changing
+size; its stat is not trusted, so the next refresh re-hashes it (git's "racy clean" rule)."""
+
+K1 = 1.2  # FTS5's bm25() defaults, so scan scores and index scores share one scale
+B = 0.75
+
+_HEADING = re.compile(r"^#{1,6}\s")
+_FENCE = re.compile(r"^\s*(```|~~~)")
+_EDGE_PUNCT = "\"'`“”‘’«»„,.;:!?()[]{}<>，。；：！？、（）「」『』【】《》"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS files(
+    path TEXT PRIMARY KEY,
+    size INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    sha256 TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS chunks(
+    id INTEGER PRIMARY KEY,
+    path TEXT NOT NULL,
+    start_line INTEGER NOT NULL,
+    end_line INTEGER NOT NULL,
+    text TEXT NOT NULL,
+    folded TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS chunks_by_path ON chunks(path);
+CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(
+    text, content='chunks', content_rowid='id', tokenize='trigram'
+);
+CREATE TABLE IF NOT EXISTS transcripts(
+    id INTEGER PRIMARY KEY,
+    session_key TEXT NOT NULL,
+    first_seq INTEGER NOT NULL,
+    last_seq INTEGER NOT NULL,
+    text TEXT NOT NULL,
+    folded TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS transcripts_by_range ON transcripts(session_key, first_seq, last_seq);
+CREATE VIRTUAL TABLE IF NOT EXISTS transcripts_fts USING fts5(
+    text, content='transcripts', content_rowid='id', tokenize='trigram'
+);
+"""
+_TABLES = ("chunks_fts", "chunks", "files", "transcripts_fts", "transcripts")
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """A searchable piece of a file: whole note entries where they fit (1-based lines)."""
+
+    start_line: int
+    end_line: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """One search result. For transcripts, `path` is the session key and the "lines" are the
+    message sequence numbers. `score` is higher-better and comparable within one search."""
+
+    corpus: Literal["notes", "transcripts"]
+    path: str
+    start_line: int
+    end_line: int
+    snippet: str
+    score: float
+    all_terms: bool  # False: matched only some query terms (listed after full matches)
+
+    @property
+    def location(self) -> str:
+        """How the tool result cites the hit (`memory_get` takes the notes form)."""
+        if self.corpus == "transcripts":
+            return f"transcript {self.path} #{self.start_line}-{self.end_line}"
+        return f"{self.path}:{self.start_line}-{self.end_line}"
+
+
+@dataclass(frozen=True, slots=True)
+class RefreshStats:
+    """What one refresh did, so callers and the benchmark can see its incremental cost."""
+
+    files_scanned: int
+    files_hashed: int  # stat changed (or was too recent to trust): content read and hashed
+    files_changed: int  # content changed: re-chunked
+    files_removed: int
+    chunks_written: int
+    chunks_removed: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Ranked:
+    tier: int  # 0: every term matched, 1: some
+    score: float
+    rowid: int
+
+
+def chunk_markdown(text: str, max_chars: int = CHUNK_CHARS) -> list[Chunk]:
+    """Split at headings (outside code fences): one note entry per chunk where it fits.
+
+    A heading with no body (the `# YYYY-MM-DD` line of a daily note) joins the next section.
+    Sections over `max_chars` are packed paragraph by paragraph; a paragraph over it, line by
+    line; a line over it, by characters (those chunks share the line number).
+    """
+    lines = split_lines(text)
+    bounds: list[tuple[int, int]] = []
+    start, fenced = 0, False
+    for i, line in enumerate(lines):
+        if _FENCE.match(line):
+            fenced = not fenced
+        elif not fenced and _HEADING.match(line) and i > start:
+            bounds.append((start, i))
+            start = i
+    if start < len(lines):
+        bounds.append((start, len(lines)))
+    merged: list[tuple[int, int]] = []
+    pending: int | None = None
+    for index, (s, e) in enumerate(bounds):
+        bare = all(not line.strip() for line in lines[s + 1 : e])
+        if bare and _HEADING.match(lines[s]) and index < len(bounds) - 1:
+            pending = s if pending is None else pending
+            continue
+        merged.append((s if pending is None else pending, e))
+        pending = None
+    chunks: list[Chunk] = []
+    for s, e in merged:
+        chunks.extend(_pack(lines, s, e, max_chars))
+    return chunks
+
+
+def _trimmed(lines: list[str], s: int, e: int) -> tuple[int, int]:
+    while s < e and not lines[s].strip():
+        s += 1
+    while e > s and not lines[e - 1].strip():
+        e -= 1
+    return s, e
+
+
+def _pack(lines: list[str], s: int, e: int, max_chars: int) -> list[Chunk]:
+    s, e = _trimmed(lines, s, e)
+    if s >= e:
+        return []
+    text = "\n".join(lines[s:e])
+    if len(text) <= max_chars:
+        return [Chunk(s + 1, e, text)]
+    pieces: list[tuple[int, int]] = []  # paragraphs, then lines for oversized paragraphs
+    i = s
+    while i < e:
+        if not lines[i].strip():
+            i += 1
+            continue
+        j = i
+        while j < e and lines[j].strip():
+            j += 1
+        if len("\n".join(lines[i:j])) <= max_chars:
+            pieces.append((i, j))
+        else:
+            pieces.extend((k, k + 1) for k in range(i, j))
+        i = j
+    out: list[Chunk] = []
+    group: tuple[int, int] | None = None
+    for ps, pe in pieces:
+        if group is not None and len("\n".join(lines[group[0] : pe])) <= max_chars:
+            group = (group[0], pe)
+            continue
+        if group is not None:
+            out.append(Chunk(group[0] + 1, group[1], "\n".join(lines[group[0] : group[1]])))
+        group = None
+        piece = "\n".join(lines[ps:pe])
+        if len(piece) <= max_chars:
+            group = (ps, pe)
+        else:  # one enormous line
+            out.extend(
+                Chunk(ps + 1, pe, piece[k : k + max_chars])
+                for k in range(0, len(piece), max_chars)
+            )
+    if group is not None:
+        out.append(Chunk(group[0] + 1, group[1], "\n".join(lines[group[0] : group[1]])))
+    return out
+
+
+def query_terms(query: str) -> list[str]:
+    """The user's words, unique, stripped of edge punctuation and control characters.
+
+    Every term is later quoted as an FTS5 string, so nothing the model types (`"`, `AND(`, `*`,
+    `NEAR`) is read as query syntax.
+    """
+    terms: list[str] = []
+    seen: set[str] = set()
+    for raw in query.split():
+        term = "".join(ch for ch in raw if ch.isprintable()).strip(_EDGE_PUNCT)[:MAX_TERM_CHARS]
+        if term and term.lower() not in seen:
+            seen.add(term.lower())
+            terms.append(term)
+        if len(terms) == MAX_TERMS:
+            break
+    return terms
+
+
+def _fts_string(term: str) -> str:
+    return '"' + term.replace('"', '""') + '"'
+
+
+def make_snippet(text: str, terms: Sequence[str], width: int = SNIPPET_CHARS) -> str:
+    """About `width` characters around the first matching term, on one line."""
+    folded = text.lower()
+    found = [p for p in (folded.find(t.lower()) for t in terms) if p >= 0]
+    at = min(found) if found else 0
+    begin = max(0, at - width // 4)
+    end = min(len(text), begin + width)
+    begin = max(0, end - width)
+    piece = " ".join(text[begin:end].split())
+    return ("…" if begin > 0 else "") + piece + ("…" if end < len(text) else "")
+
+
+class MemoryIndex:
+    """The search index for one workspace, stored in its own SQLite file (WAL).
+
+    Call `refresh()` before searching (cheap when little changed) so hand edits are seen.
+    """
+
+    def __init__(
+        self,
+        db_path: Path,
+        workspace: Path,
+        *,
+        suffixes: Sequence[str] = (".md",),
+        exclude_dirs: Sequence[str] = ("artifacts",),
+    ) -> None:
+        self.db_path = db_path
+        self.workspace = workspace
+        self._suffixes = tuple(suffixes)
+        self._exclude = tuple(exclude_dirs)
+        self._lock = threading.RLock()
+        self._corpus_stats: dict[str, tuple[int, float]] = {}
+        db_path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = sqlite3.connect(str(db_path), check_same_thread=False, isolation_level=None)
+        try:
+            self._setup()
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def _setup(self) -> None:
+        conn = self._conn
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        try:
+            conn.execute("CREATE VIRTUAL TABLE temp.probe USING fts5(x, tokenize='trigram')")
+            conn.execute("DROP TABLE temp.probe")
+        except sqlite3.OperationalError as exc:
+            raise RuntimeError(
+                f"SQLite {sqlite3.sqlite_version} lacks FTS5 with the trigram tokenizer "
+                "(needs 3.34+ built with FTS5); memory_search cannot work"
+            ) from exc
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        if version not in (0, SCHEMA_VERSION):
+            for table in _TABLES:  # derived data from an older layout: rebuild
+                conn.execute(f"DROP TABLE IF EXISTS {table}")
+        conn.executescript(_SCHEMA)
+        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> MemoryIndex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._conn
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+        self._corpus_stats.clear()
+
+    # ---- notes corpus -------------------------------------------------------------------
+
+    def refresh(self) -> RefreshStats:
+        """Bring the index in line with the files: changed files re-chunked, deleted ones gone."""
+        began = time.perf_counter()
+        scanned = hashed = changed = removed = written = dropped = 0
+        with self._lock, self._transaction() as conn:
+            known = {
+                row[0]: (int(row[1]), int(row[2]), str(row[3]))
+                for row in conn.execute("SELECT path, size, mtime_ns, sha256 FROM files")
+            }
+            seen: set[str] = set()
+            now_ns = time.time_ns()
+            for rel, path, stat in scan_workspace(self.workspace, self._suffixes, self._exclude):
+                scanned += 1
+                old = known.get(rel)
+                if old is not None and old[0] == stat.st_size and old[1] == stat.st_mtime_ns:
+                    seen.add(rel)
+                    continue
+                try:
+                    data = path.read_bytes()
+                except OSError:
+                    continue  # vanished since the scan: removed below
+                seen.add(rel)
+                hashed += 1
+                digest = hashlib.sha256(data).hexdigest()
+                size = -1 if now_ns - stat.st_mtime_ns < RACY_NS else stat.st_size
+                conn.execute(
+                    "INSERT INTO files(path, size, mtime_ns, sha256) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT(path) DO UPDATE SET size=excluded.size, "
+                    "mtime_ns=excluded.mtime_ns, sha256=excluded.sha256",
+                    (rel, size, stat.st_mtime_ns, digest),
+                )
+                if old is not None and old[2] == digest:
+                    continue  # touched, not changed
+                changed += 1
+                dropped += self._drop_chunks(conn, rel)
+                chunks = chunk_markdown(data.decode("utf-8", errors="replace"))
+                conn.executemany(
+                    "INSERT INTO chunks(path, start_line, end_line, text, folded) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    [(rel, c.start_line, c.end_line, c.text, c.text.lower()) for c in chunks],
+                )
+                conn.execute(
+                    "INSERT INTO chunks_fts(rowid, text) SELECT id, text FROM chunks WHERE path = ?",
+                    (rel,),
+                )
+                written += len(chunks)
+            for rel in known.keys() - seen:
+                dropped += self._drop_chunks(conn, rel)
+                conn.execute("DELETE FROM files WHERE path = ?", (rel,))
+                removed += 1
+        return RefreshStats(
+            scanned, hashed, changed, removed, written, dropped, time.perf_counter() - began
+        )
+
+    @staticmethod
+    def _drop_chunks(conn: sqlite3.Connection, rel: str) -> int:
+        conn.execute(
+            "INSERT INTO chunks_fts(chunks_fts, rowid, text) "
+            "SELECT 'delete', id, text FROM chunks WHERE path = ?",
+            (rel,),
+        )
+        return conn.execute("DELETE FROM chunks WHERE path = ?", (rel,)).rowcount
+
+    def reindex(self) -> RefreshStats:
+        """Forget the notes index and build it again from the files (transcripts are kept)."""
+        with self._lock:
+            with self._transaction() as conn:
+                conn.execute("INSERT INTO chunks_fts(chunks_fts) VALUES ('delete-all')")
+                conn.execute("DELETE FROM chunks")
+                conn.execute("DELETE FROM files")
+            return self.refresh()
+
+    # ---- transcripts corpus -------------------------------------------------------------
+
+    def add_transcript(self, session_key: str, first_seq: int, last_seq: int, text: str) -> int:
+        """Index archived messages `first_seq`..`last_seq` of a session; return chunks written.
+
+        Adding the same range again replaces it, so re-archiving is harmless.
+        """
+        if first_seq > last_seq:
+            raise ValueError(f"first_seq {first_seq} is after last_seq {last_seq}")
+        chunks = chunk_markdown(text)
+        key = (session_key, first_seq, last_seq)
+        with self._lock, self._transaction() as conn:
+            where = "session_key = ? AND first_seq = ? AND last_seq = ?"
+            conn.execute(
+                "INSERT INTO transcripts_fts(transcripts_fts, rowid, text) "
+                f"SELECT 'delete', id, text FROM transcripts WHERE {where}",
+                key,
+            )
+            conn.execute(f"DELETE FROM transcripts WHERE {where}", key)
+            conn.executemany(
+                "INSERT INTO transcripts(session_key, first_seq, last_seq, text, folded) "
+                "VALUES (?, ?, ?, ?, ?)",
+                [(*key, c.text, c.text.lower()) for c in chunks],
+            )
+            conn.execute(
+                "INSERT INTO transcripts_fts(rowid, text) "
+                f"SELECT id, text FROM transcripts WHERE {where}",
+                key,
+            )
+        return len(chunks)
+
+    # ---- search -------------------------------------------------------------------------
+
+    def search(self, query: str, limit: int = 8, corpus: Corpus = "notes") -> list[Hit]:
+        """The best chunks for `query`: chunks with every term first, then with some, by BM25."""
+        if corpus not in ("notes", "transcripts", "all"):
+            raise ValueError(f"corpus must be 'notes', 'transcripts' or 'all', not {corpus!r}")
+        terms = query_terms(query)
+        limit = max(1, min(int(limit), MAX_LIMIT))
+        if not terms:
+            return []
+        tables: list[Literal["notes", "transcripts"]] = (
+            ["notes", "transcripts"] if corpus == "all" else [corpus]
+        )
+        with self._lock:
+            ranked = [
+                (table, item) for table in tables for item in self._rank(table, terms, limit)
+            ]
+            ranked.sort(key=lambda pair: (pair[1].tier, -pair[1].score))
+            return self._hits(ranked[:limit], terms)
+
+    def _rank(self, table: str, terms: list[str], limit: int) -> list[_Ranked]:
+        if any(len(term) < MIN_TRIGRAM for term in terms):
+            return self._rank_scan(table, terms, limit)
+        fts = "chunks_fts" if table == "notes" else "transcripts_fts"
+        sql = f"SELECT rowid, rank FROM {fts} WHERE {fts} MATCH ? ORDER BY rank LIMIT ?"
+        quoted = [_fts_string(term) for term in terms]
+        out = [
+            _Ranked(0, -float(score), int(rowid))
+            for rowid, score in self._conn.execute(sql, (" AND ".join(quoted), limit))
+        ]
+        if len(out) < limit and len(terms) > 1:
+            have = {item.rowid for item in out}
+            for rowid, score in self._conn.execute(sql, (" OR ".join(quoted), limit + len(out))):
+                if int(rowid) not in have and len(out) < limit:
+                    out.append(_Ranked(1, -float(score), int(rowid)))
+        return out
+
+    def _stats(self, table: str) -> tuple[int, float]:
+        """(rows, average folded length) for BM25 in the scan path; cached until a write."""
+        if table not in self._corpus_stats:
+            name = "chunks" if table == "notes" else "transcripts"
+            count, avg = self._conn.execute(
+                f"SELECT count(*), avg(length(folded)) FROM {name}"
+            ).fetchone()
+            self._corpus_stats[table] = (int(count), float(avg or 1.0))
+        return self._corpus_stats[table]
+
+    def _rank_scan(self, table: str, terms: list[str], limit: int) -> list[_Ranked]:
+        """BM25 by hand over a substring scan, for terms too short for the trigram index."""
+        name = "chunks" if table == "notes" else "transcripts"
+        folded = [term.lower() for term in terms]
+        counts = ", ".join(
+            f"(length(folded) - length(replace(folded, ?, ''))) / {len(term)}" for term in folded
+        )
+        where = " OR ".join("instr(folded, ?) > 0" for _ in folded)
+        rows = self._conn.execute(
+            f"SELECT id, length(folded), {counts} FROM {name} WHERE {where}", (*folded, *folded)
+        ).fetchall()
+        if not rows:
+            return []
+        total, avg_len = self._stats(table)
+        weights: list[float] = []
+        for column in range(len(folded)):
+            hits = sum(1 for row in rows if row[2 + column] > 0)
+            idf = math.log((total - hits + 0.5) / (hits + 0.5))
+            weights.append(idf if idf > 0 else 1e-6)
+        out: list[_Ranked] = []
+        for row in rows:
+            norm = K1 * (1 - B + B * row[1] / avg_len)
+            score = 0.0
+            matched = 0
+            for column, idf in enumerate(weights):
+                tf = row[2 + column]
+                if tf > 0:
+                    matched += 1
+                    score += idf * tf * (K1 + 1) / (tf + norm)
+            out.append(_Ranked(0 if matched == len(folded) else 1, score, int(row[0])))
+        out.sort(key=lambda item: (item.tier, -item.score))
+        return out[:limit]
+
+    def _hits(
+        self, ranked: list[tuple[Literal["notes", "transcripts"], _Ranked]], terms: list[str]
+    ) -> list[Hit]:
+        rows: dict[tuple[str, int], tuple[str, int, int, str]] = {}
+        for table in ("notes", "transcripts"):
+            ids = [item.rowid for name, item in ranked if name == table]
+            if not ids:
+                continue
+            marks = ",".join("?" * len(ids))
+            sql = (
+                f"SELECT id, path, start_line, end_line, text FROM chunks WHERE id IN ({marks})"
+                if table == "notes"
+                else "SELECT id, session_key, first_seq, last_seq, text FROM transcripts "
+                f"WHERE id IN ({marks})"
+            )
+            for row in self._conn.execute(sql, ids):
+                rows[(table, int(row[0]))] = (str(row[1]), int(row[2]), int(row[3]), str(row[4]))
+        hits: list[Hit] = []
+        for table, item in ranked:
+            found = rows.get((table, item.rowid))
+            if found is None:
+                continue
+            path, start, end, text = found
+            snippet = make_snippet(text, terms)
+            hits.append(Hit(table, path, start, end, snippet, item.score, item.tier == 0))
+        return hits

@@ -1,0 +1,196 @@
+"""Memory on the live path: the silent flush before compaction, cycles, red lines, tools."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from gateway.app import Gateway
+from memory.agents_md import POST_COMPACTION_HEADER
+from tests.conftest import MakeConfig, RunningGateway
+from tests.fakes import FakeOpenAI, context_overflow, echo, error, reply, tool_call
+
+KEY = "agent:main:webchat:direct:tester"
+FILLER = " ".join(f"word{i}" for i in range(900))  # ~1,800 tokens per message
+
+
+def kind(body: dict[str, Any]) -> str:
+    first = body["messages"][0]["content"] or ""
+    last = body["messages"][-1]
+    if first.startswith(("You compress part of", "You merge partial summaries")):
+        return "summary"
+    if last["role"] == "user" and (last["content"] or "").startswith("[Memory flush"):
+        return "flush"
+    if last["role"] == "tool" and last.get("name") == "memory_write":
+        return "flush-after-write"
+    return "chat"
+
+
+def scripted(body: dict[str, Any]) -> Any:
+    k = kind(body)
+    if k == "summary":
+        ids = re.findall(r"`([^`]+)`", body["messages"][-1]["content"])
+        return reply(
+            "## Decisions\n- none\n## Open TODOs\n- none\n## Constraints/Rules\n- none\n"
+            "## Pending user asks\n- the latest question\n## Exact identifiers\n"
+            + "\n".join(f"- `{i}`" for i in ids[:3])
+        )
+    if k == "flush":
+        return tool_call("memory_write", {"text": "User prefers deploys on Monday. Ticket ORD-77."})
+    if k == "flush-after-write":
+        return reply("NO_REPLY")
+    return echo(body)
+
+
+async def start(make_config: MakeConfig, fake: FakeOpenAI, window: int = 16_000) -> RunningGateway:
+    config = make_config(
+        fake,
+        models={"fake-model": {"context_window": window}},
+        context={"recent_turns": 2},
+    )
+    gateway = Gateway(config)
+    rg = RunningGateway(gateway)
+    await gateway.start()
+    return rg
+
+
+def kinds(fake: FakeOpenAI) -> list[str]:
+    return [kind(b) for b in fake.requests]
+
+
+async def test_flush_runs_before_compaction_on_the_threshold_path(
+    make_config: MakeConfig,
+) -> None:
+    async with FakeOpenAI(default=scripted) as fake:
+        rg = await start(make_config, fake)
+        try:
+            for i in range(8):
+                await rg.ask(f"message {i} " + FILLER)
+            seen = kinds(fake)
+            assert "flush" in seen and "summary" in seen
+            assert seen.index("flush") < seen.index("summary"), seen
+            notes = list((rg.gateway.config.workspace / "memory").glob("*.md"))
+            text = notes[0].read_text()
+            assert "User prefers deploys on Monday. Ticket ORD-77." in text
+            assert KEY in text, "each entry is attributed to its session"
+            # The flush is silent: no chat reply mentions it, nothing stored in the session.
+            session = await rg.gateway.store.get_session(KEY)
+            assert session is not None and session.id is not None
+            history = await rg.gateway.store.history(session.id)
+            assert not any("Memory flush" in (m.text or "") for m in history)
+            assert session.flushed_cycle is not None
+        finally:
+            await rg.gateway.stop()
+
+
+async def test_flush_before_compaction_on_the_overflow_path_and_cycles_survive_restart(
+    make_config: MakeConfig,
+) -> None:
+    async with FakeOpenAI(default=scripted) as fake:
+        rg = await start(make_config, fake, window=200_000)
+        config = rg.gateway.config
+        try:
+            for i in range(4):
+                await rg.ask(f"fact {i}")
+            fake.script(context_overflow())
+            await rg.ask("and now?")
+            seen = kinds(fake)
+            assert seen.index("flush") < seen.index("summary"), seen
+            session = await rg.gateway.store.get_session(KEY)
+            assert session is not None
+            assert session.flushed_cycle == 0 and session.compaction_cycle == 1
+        finally:
+            await rg.gateway.stop()
+        # After a restart, the new cycle (1) has not been flushed: the next compaction flushes.
+        gateway = Gateway(config)
+        rg2 = RunningGateway(gateway)
+        await gateway.start()
+        try:
+            fake.clear()
+            for i in range(4):
+                await rg2.ask(f"more {i}")
+            fake.script(context_overflow())
+            await rg2.ask("again?")
+            seen = kinds(fake)
+            assert seen.count("flush") == 1 and seen.index("flush") < seen.index("summary")
+            session = await gateway.store.get_session(KEY)
+            assert session is not None
+            assert session.flushed_cycle == 1 and session.compaction_cycle == 2
+        finally:
+            await gateway.stop()
+
+
+async def test_failed_flush_never_blocks_compaction_nor_marks_the_cycle(
+    make_config: MakeConfig,
+) -> None:
+    def flush_fails(body: dict[str, Any]) -> Any:
+        return error(400) if kind(body) == "flush" else scripted(body)
+
+    async with FakeOpenAI(default=flush_fails) as fake:
+        rg = await start(make_config, fake, window=200_000)
+        try:
+            for i in range(4):
+                await rg.ask(f"fact {i}")
+            fake.script(context_overflow())
+            assert await rg.ask("and now?") == ["echo: and now?"]
+            assert "summary" in kinds(fake)
+            session = await rg.gateway.store.get_session(KEY)
+            assert session is not None
+            assert session.compaction_cycle == 1 and session.flushed_cycle is None
+        finally:
+            await rg.gateway.stop()
+
+
+async def test_red_line_only_in_agents_md_is_in_the_prompt_after_compaction(
+    make_config: MakeConfig,
+) -> None:
+    async with FakeOpenAI(default=scripted) as fake:
+        rg = await start(make_config, fake)
+        agents = rg.gateway.config.workspace / "AGENTS.md"
+        agents.write_text(
+            "# Agent\n\n## Examples\n```md\n## Red Lines\nnot a heading inside a fence\n```\n\n"
+            "## Session Startup\n- Greet by name.\n\n"
+            "## Red Lines\n- Never mention the codename BLUEBIRD.\n"
+        )
+        try:
+            await rg.ask("The codename is BLUEBIRD; keep it secret. " + FILLER)
+            for i in range(7):
+                await rg.ask(f"message {i} " + FILLER)
+            session = await rg.gateway.store.get_session(KEY)
+            assert session is not None and session.compaction_cycle >= 1
+            chats = [b for b in fake.requests if kind(b) == "chat"]
+            after = next(
+                b for b in chats
+                if any(POST_COMPACTION_HEADER in (m["content"] or "") for m in b["messages"])
+            )
+            sent = json.dumps(after["messages"])
+            assert "Never mention the codename BLUEBIRD." in after["messages"][0]["content"]
+            assert "Greet by name." in sent
+            assert "The codename is BLUEBIRD; keep it secret." not in sent, "early turn compacted"
+            assert "not a heading inside a fence" not in after["messages"][0]["content"]
+            # The refresh block goes out once; red lines stay in every system prompt.
+            await rg.ask("one more")
+            last = [b for b in fake.requests if kind(b) == "chat"][-1]
+            assert not any(POST_COMPACTION_HEADER in (m["content"] or "") for m in last["messages"])
+            assert "BLUEBIRD" in last["messages"][0]["content"]
+        finally:
+            await rg.gateway.stop()
+
+
+async def test_agent_memory_tools_write_search_and_refuse_escapes(
+    fake_llm: FakeOpenAI, running: RunningGateway
+) -> None:
+    fake_llm.script(
+        tool_call("memory_write", {"text": "会议 moved to Thursday; host db.internal:5432"}),
+        tool_call("memory_search", {"query": "会议"}),
+        tool_call("memory_get", {"path": "../../etc/passwd"}),
+        tool_call("memory_write", {"text": ""}),
+        reply("done"),
+    )
+    assert await running.ask("remember the meeting") == ["done"]
+    results = [m for m in fake_llm.requests[-1]["messages"] if m["role"] == "tool"]
+    assert results[0]["content"].startswith("saved to memory/")
+    assert "db.internal:5432" in results[1]["content"]
+    assert results[2]["content"].startswith("error")
+    assert results[3]["content"].startswith("error")
