@@ -131,17 +131,17 @@ class ChannelSection(_Strict):
     group_buffer: int = Field(default=50, ge=0)
 
 
-class ConsoleChannel(ChannelSection):
+class ConsoleSettings(ChannelSection):
     enabled: bool = True
     dm_policy: DmPolicy = "open"
 
 
-class WebchatChannel(ChannelSection):
+class WebchatSettings(ChannelSection):
     enabled: bool = True
     dm_policy: DmPolicy = "open"
 
 
-class TelegramChannel(ChannelSection):
+class TelegramSettings(ChannelSection):
     token: str | None = None
     base_url: str | None = Field(default=None, description="a self-hosted Bot API server")
     mode: Literal["polling", "webhook"] = "polling"
@@ -149,7 +149,7 @@ class TelegramChannel(ChannelSection):
     webhook_secret: str | None = None
 
 
-class SlackChannel(ChannelSection):
+class SlackSettings(ChannelSection):
     bot_token: str | None = None
     app_token: str | None = None
     signing_secret: str | None = None
@@ -158,7 +158,7 @@ class SlackChannel(ChannelSection):
     channels: dict[str, HistoryOverride] = Field(default_factory=dict)
 
 
-class DiscordChannel(ChannelSection):
+class DiscordSettings(ChannelSection):
     token: str | None = None
     api_base_url: str | None = None
     gateway_url: str | None = None
@@ -168,11 +168,11 @@ class DiscordChannel(ChannelSection):
 
 
 class ChannelsSection(_Strict):
-    console: ConsoleChannel = Field(default_factory=ConsoleChannel)
-    webchat: WebchatChannel = Field(default_factory=WebchatChannel)
-    telegram: TelegramChannel = Field(default_factory=TelegramChannel)
-    slack: SlackChannel = Field(default_factory=SlackChannel)
-    discord: DiscordChannel = Field(default_factory=DiscordChannel)
+    console: ConsoleSettings = Field(default_factory=ConsoleSettings)
+    webchat: WebchatSettings = Field(default_factory=WebchatSettings)
+    telegram: TelegramSettings = Field(default_factory=TelegramSettings)
+    slack: SlackSettings = Field(default_factory=SlackSettings)
+    discord: DiscordSettings = Field(default_factory=DiscordSettings)
 
     def get(self, name: str) -> ChannelSection:
         section = getattr(self, name, None)

@@ -1,0 +1,61 @@
+"""Outbound formatting: split a reply into platform-sized chunks, never inside a code fence.
+
+Limits (characters): Telegram 4,096, Discord 2,000, Slack 4,000. A chunk boundary prefers a
+blank line, then a line end, then a space; a fenced code block that must be split is closed at
+the end of one chunk and re-opened (same language tag) at the start of the next, so every chunk
+renders on its own.
+"""
+
+from __future__ import annotations
+
+import re
+
+TELEGRAM_LIMIT = 4_096
+DISCORD_LIMIT = 2_000
+SLACK_LIMIT = 4_000
+
+_FENCE = re.compile(r"^(\s*)(```|~~~)(.*)$")
+
+
+def _break_at(text: str, limit: int) -> int:
+    """Best index <= limit to end a chunk at."""
+    if len(text) <= limit:
+        return len(text)
+    window = text[:limit]
+    for sep in ("\n\n", "\n", " "):
+        at = window.rfind(sep)
+        if at > limit // 3:
+            return at + len(sep)
+    return limit
+
+
+def chunk_text(text: str, limit: int) -> list[str]:
+    """Split `text` into chunks of at most `limit` characters, keeping code fences balanced."""
+    if limit < 16:
+        raise ValueError("limit must be at least 16 characters")
+    text = text.strip("\n")
+    if not text:
+        return []
+    chunks: list[str] = []
+    open_fence: str | None = None  # the opening line (e.g. "```python") of an unclosed fence
+    rest = text
+    while rest:
+        prefix = f"{open_fence}\n" if open_fence else ""
+        room = limit - len(prefix)
+        # Reserve space to close a fence that may still be open at the end of this chunk.
+        close_room = room - 4
+        end = _break_at(rest, close_room if len(rest) > room else room)
+        body = rest[:end]
+        rest = rest[end:]
+        fence = open_fence
+        for line in body.split("\n"):
+            match = _FENCE.match(line)
+            if match:
+                fence = None if fence else (match.group(2) + match.group(3)).strip()
+        chunk = prefix + body.rstrip("\n")
+        if fence and rest:
+            chunk += "\n" + fence[:3]
+        chunks.append(chunk)
+        open_fence = fence if rest else None
+        rest = rest.lstrip("\n") if not open_fence else rest
+    return chunks

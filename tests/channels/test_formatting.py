@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from channels.formatting import _FENCE, DISCORD_LIMIT, chunk_text
+
+
+def test_short_text_is_one_chunk() -> None:
+    assert chunk_text("hello", 100) == ["hello"]
+    assert chunk_text("", 100) == []
+
+
+def test_prefers_paragraph_breaks() -> None:
+    text = "a" * 60 + "\n\n" + "b" * 60
+    assert chunk_text(text, 100) == ["a" * 60, "b" * 60]
+
+
+def test_code_fence_is_closed_and_reopened() -> None:
+    code = "```python\n" + "\n".join(f"print({i})" for i in range(300)) + "\n```\nafter"
+    chunks = chunk_text(code, DISCORD_LIMIT)
+    assert len(chunks) > 1
+    for chunk in chunks:
+        assert len(chunk) <= DISCORD_LIMIT
+        assert chunk.count("```") % 2 == 0, chunk[:40]
+    assert chunks[1].startswith("```python\n")
+    assert chunks[-1].endswith("after")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    parts=st.lists(
+        st.one_of(
+            st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=300),
+            st.just("```js\nconst x = 1;\n```"),
+            st.just("\n\n"),
+            st.just("```\n" + "line\n" * 80 + "```"),
+        ),
+        max_size=30,
+    ),
+    limit=st.integers(40, 500),
+)
+def test_chunks_fit_and_fences_balance(parts: list[str], limit: int) -> None:
+    text = "".join(parts)
+    chunks = chunk_text(text, limit)
+    assert all(len(c) <= limit for c in chunks)
+    assert squash("\n".join(chunks)) == squash(text), "nothing lost, nothing invented"
+
+
+def squash(text: str) -> str:
+    """Content without fence lines and whitespace (chunking may add or move those)."""
+    return "".join(
+        "".join(line.split()) for line in text.split("\n") if not _FENCE.match(line)
+    )
