@@ -6,6 +6,7 @@ import logging
 from dataclasses import replace
 
 from channels.base import Channel, InboundMessage, InboundResult, OutboundMessage
+from gateway.access import AccessPolicy
 from gateway.config import Config
 from gateway.context_setup import ContextResolver
 from gateway.engines import load_engine
@@ -15,6 +16,7 @@ from gateway.queue import LanesClosedError, SessionLanes
 from gateway.runner import Runner
 from gateway.sessions import SessionKeyer
 from gateway.store import SessionInfo, Store
+from gateway.store.db import CONTEXT_STATUS
 from gateway.summarizer import make_summary_call, summary_provider
 from gateway.text import clean_text
 from gateway.tools import ToolRegistry, default_registry
@@ -54,6 +56,7 @@ class Gateway:
             MemoryFlush(self.llm, memory_only, self.store, config.gateway.timezone),
         )
         self.lanes = SessionLanes(self.runner.run_turn, config.gateway.max_concurrent_turns)
+        self.access = AccessPolicy(config, self.store)
         self._started = False
 
     def add_channel(self, channel: Channel) -> None:
@@ -103,6 +106,14 @@ class Gateway:
         if problem is not None:
             await self._reply_directly(msg, key, problem)
             return InboundResult(key, accepted=False, reason=problem)
+        decision = await self.access.check(msg)
+        if decision.verdict == "reject":
+            log.info("not answering %s:%s: %s", msg.platform, msg.sender_id, decision.reason)
+            if decision.reply:
+                await self._reply_directly(msg, key, decision.reply)
+            return InboundResult(key, accepted=False, reason=decision.reason)
+        if not msg.is_direct:
+            text = f"{msg.sender_name or msg.sender_id}: {text}"  # who said it, for the model
         msg = replace(msg, text=text)
         info = SessionInfo(
             key=key,
@@ -113,9 +124,14 @@ class Gateway:
             thread_id=msg.thread_id,
             account=msg.account,
         )
-        _session_id, row = await self.store.accept_inbound(info, msg)
+        as_context = decision.verdict == "context"
+        _session_id, row = await self.store.accept_inbound(
+            info, msg, status=CONTEXT_STATUS if as_context else None
+        )
         if row is None:
             return InboundResult(key, accepted=False, duplicate=True, reason="duplicate message")
+        if as_context:
+            return InboundResult(key, accepted=True, reason=decision.reason)
         try:
             self.lanes.notify(key)
         except LanesClosedError:

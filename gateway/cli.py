@@ -40,6 +40,9 @@ sessions_app = typer.Typer(help="Inspect sessions.", no_args_is_help=True)
 app.add_typer(sessions_app, name="sessions")
 context_app = typer.Typer(help="Inspect and manage the context engine.", no_args_is_help=True)
 app.add_typer(context_app, name="context")
+pairing_app = typer.Typer(help="Approve or deny people who DM the bot (dm_policy = pairing).",
+                          no_args_is_help=True)
+app.add_typer(pairing_app, name="pairing")
 memory_app = typer.Typer(help="Inspect the workspace memory (memory/ notes, MEMORY.md).",
                          no_args_is_help=True)
 app.add_typer(memory_app, name="memory")
@@ -540,6 +543,65 @@ def memory_reindex(
         f"reindexed {stats.files_scanned} files ({stats.chunks_written} chunks) "
         f"in {stats.seconds:.2f} s"
     )
+
+
+async def _pairing(config: Config, action: str, code: str | None) -> Any:
+    from gateway.store import Store
+
+    store = Store(config.database_url)
+    await store.init()
+    try:
+        if action == "list":
+            return await store.list_pairings()
+        assert code is not None
+        return await store.decide_pairing(code, action)
+    finally:
+        await store.close()
+
+
+@pairing_app.command("list")
+def pairing_list(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
+) -> None:
+    """Pairing requests: pending (with their codes), approved and denied."""
+    rows = asyncio.run(_pairing(_config(), "list", None))
+    data = [
+        {
+            "code": r.code, "platform": r.platform, "sender_id": r.sender_id,
+            "sender_name": r.sender_name, "status": r.status,
+            "created_at": r.created_at.isoformat(timespec="seconds"),
+            "expires_at": r.expires_at.isoformat(timespec="seconds"),
+        }
+        for r in rows
+    ]
+    if as_json:
+        print(json.dumps(data, indent=2, ensure_ascii=False))
+        return
+    table = Table("code", "platform", "sender", "status", "requested", "expires")
+    for d in data:
+        table.add_row(d["code"], d["platform"], escape(f"{d['sender_name'] or ''} ({d['sender_id']})"),
+                      d["status"], d["created_at"], d["expires_at"])
+    console.print(table)
+
+
+@pairing_app.command("approve")
+def pairing_approve(code: Annotated[str, typer.Argument(help="The 8-character code")]) -> None:
+    """Let the sender with this code talk to the agent."""
+    row = asyncio.run(_pairing(_config(), "approved", code))
+    if row is None:
+        err_console.print(f"no pending, unexpired pairing code {code!r}", highlight=False)
+        raise typer.Exit(1)
+    console.print(f"approved {row.platform} user {escape(row.sender_name or row.sender_id)}")
+
+
+@pairing_app.command("deny")
+def pairing_deny(code: Annotated[str, typer.Argument(help="The 8-character code")]) -> None:
+    """Refuse the sender with this code."""
+    row = asyncio.run(_pairing(_config(), "denied", code))
+    if row is None:
+        err_console.print(f"no pending, unexpired pairing code {code!r}", highlight=False)
+        raise typer.Exit(1)
+    console.print(f"denied {row.platform} user {escape(row.sender_name or row.sender_id)}")
 
 
 @app.command("config-check")

@@ -112,7 +112,7 @@ class Runner:
         session = await self.store.get_session(session_key)
         if session is None or session.id is None:
             return
-        claimed = await self.store.claim_pending(session.id)
+        claimed = await self.store.claim_pending(session.id, self._group_buffer(session))
         if not claimed:
             return
         started = time.perf_counter()
@@ -305,6 +305,15 @@ class Runner:
             kind="context_overflow",
             detail=exc.detail,
         )
+
+    def _group_buffer(self, session: SessionRow) -> int | None:
+        """How many unmentioned group messages the next mention brings along."""
+        if session.chat_type == "direct":
+            return None
+        try:
+            return self.config.channels.get(session.platform).group_buffer
+        except KeyError:
+            return None
 
     # -- context settings and state ---------------------------------------------------------
 

@@ -1,6 +1,15 @@
 """Persistence: SQLModel tables and the async Store."""
 
 from gateway.store.db import SessionInfo, Store, TurnUsage, row_to_message
-from gateway.store.models import CompactionRow, MessageRow, SessionRow
+from gateway.store.models import CompactionRow, MessageRow, PairingRow, SessionRow
 
-__all__ = ["CompactionRow", "MessageRow", "SessionInfo", "SessionRow", "Store", "TurnUsage", "row_to_message"]
+__all__ = [
+    "CompactionRow",
+    "MessageRow",
+    "PairingRow",
+    "SessionInfo",
+    "SessionRow",
+    "Store",
+    "TurnUsage",
+    "row_to_message",
+]

@@ -16,7 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event, func, update
+from sqlalchemy import event, func, or_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlmodel import SQLModel, col, select
@@ -24,7 +24,10 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from channels.base import InboundMessage
 from context.types import Message, ToolCall
-from gateway.store.models import CompactionRow, MessageRow, SessionRow, utcnow
+from gateway.store.models import CompactionRow, MessageRow, PairingRow, SessionRow, utcnow
+
+CONTEXT_STATUS = "context"
+"""An unmentioned group message: stored, shown to the model with the next mention."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +168,10 @@ class Store:
     async def sessions_with_pending(self) -> list[SessionRow]:
         """Sessions with inbound messages no turn has answered yet (e.g. after a crash)."""
         async with self._sessions() as db:
-            pending = select(MessageRow.session_id).where(col(MessageRow.handled).is_(False))
+            pending = select(MessageRow.session_id).where(
+                col(MessageRow.handled).is_(False),
+                or_(col(MessageRow.status).is_(None), col(MessageRow.status) != CONTEXT_STATUS),
+            )
             result = await db.exec(select(SessionRow).where(col(SessionRow.id).in_(pending)))
             return list(result.all())
 
@@ -189,7 +195,7 @@ class Store:
         return new_next - count
 
     async def accept_inbound(
-        self, info: SessionInfo, msg: InboundMessage
+        self, info: SessionInfo, msg: InboundMessage, *, status: str | None = None
     ) -> tuple[int, MessageRow | None]:
         """Persist an inbound user message before its turn, creating the session if needed.
 
@@ -221,6 +227,7 @@ class Store:
                         chat_id=msg.chat_id,
                         platform_message_id=msg.platform_message_id,
                         handled=False,
+                        status=status,
                     )
                     db.add(row)
                 return session_id, row
@@ -230,19 +237,31 @@ class Store:
                 continue
         raise RuntimeError(f"could not persist inbound message for {info.key}")
 
-    async def claim_pending(self, session_id: int) -> list[MessageRow]:
+    async def claim_pending(
+        self, session_id: int, context_limit: int | None = None
+    ) -> list[MessageRow]:
         """Give unanswered inbound messages their conversation position; return them in order.
 
         Messages claimed by a turn that never finished (crash, shutdown) are returned again, so
-        every inbound message is answered exactly once.
+        every inbound message is answered exactly once. Group messages kept as context join the
+        next turn; beyond the newest `context_limit` of them, older ones stay stored but out of
+        the conversation.
         """
         async with self._write() as db:
             unplaced = await db.exec(
                 select(MessageRow)
                 .where(MessageRow.session_id == session_id, col(MessageRow.seq).is_(None))
+                .where(col(MessageRow.handled).is_(False))
                 .order_by(col(MessageRow.id))
             )
             rows = list(unplaced.all())
+            context = [r for r in rows if r.status == CONTEXT_STATUS]
+            if context_limit is not None and len(context) > context_limit:
+                expired = context[: len(context) - context_limit]
+                for row in expired:
+                    row.handled, row.status = True, "context-expired"
+                    db.add(row)
+                rows = [r for r in rows if r not in expired]
             if rows:
                 first = await self._allocate_seqs(db, session_id, len(rows))
                 for i, row in enumerate(rows):
@@ -352,6 +371,62 @@ class Store:
             result = await db.exec(stmt)
             return int(result.one())
 
+    # -- pairing ----------------------------------------------------------------------------
+
+    async def pairing_for(self, platform: str, sender_id: str) -> PairingRow | None:
+        """The latest pairing row for a sender (approved, denied or pending)."""
+        async with self._sessions() as db:
+            result = await db.exec(
+                select(PairingRow)
+                .where(PairingRow.platform == platform, PairingRow.sender_id == sender_id)
+                .order_by(col(PairingRow.id).desc())
+            )
+            return result.first()
+
+    async def pending_pairings(self, platform: str | None = None) -> list[PairingRow]:
+        now = utcnow()
+        async with self._sessions() as db:
+            stmt = select(PairingRow).where(PairingRow.status == "pending")
+            if platform is not None:
+                stmt = stmt.where(PairingRow.platform == platform)
+            rows = (await db.exec(stmt.order_by(col(PairingRow.id)))).all()
+            return [r for r in rows if _aware(r.expires_at) > now]
+
+    async def list_pairings(self) -> list[PairingRow]:
+        async with self._sessions() as db:
+            result = await db.exec(select(PairingRow).order_by(col(PairingRow.id)))
+            return list(result.all())
+
+    async def add_pairing(self, row: PairingRow) -> PairingRow:
+        async with self._write() as db:
+            db.add(row)
+        return row
+
+    async def decide_pairing(self, code: str, status: str) -> PairingRow | None:
+        """Approve or deny a pending, unexpired code; None when there is no such code."""
+        async with self._write() as db:
+            result = await db.exec(
+                select(PairingRow).where(
+                    PairingRow.code == code.strip().upper(), PairingRow.status == "pending"
+                )
+            )
+            row = result.first()
+            if row is None or _aware(row.expires_at) <= utcnow():
+                return None
+            row.status = status
+            row.decided_at = utcnow()
+            db.add(row)
+        return row
+
+    async def approved_senders(self, platform: str) -> set[str]:
+        async with self._sessions() as db:
+            result = await db.exec(
+                select(PairingRow.sender_id).where(
+                    PairingRow.platform == platform, PairingRow.status == "approved"
+                )
+            )
+            return set(result.all())
+
     # -- compactions ------------------------------------------------------------------------
 
     async def add_compaction(self, row: CompactionRow, *, ineffective: bool | None = None,
@@ -426,6 +501,13 @@ class Store:
                 .order_by(col(CompactionRow.id).desc())
             )
             return result.first()
+
+
+def _aware(value: datetime) -> datetime:
+    """SQLite hands back naive datetimes; they were stored as UTC."""
+    from datetime import UTC
+
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:

@@ -93,3 +93,20 @@ class CompactionRow(SQLModel, table=True):
     undone: bool = False
     # Set once the post-compaction refresh block has gone out with a model call.
     refreshed: bool = False
+
+
+class PairingRow(SQLModel, table=True):
+    """A DM pairing request: an unknown sender gets a code; an operator approves it."""
+
+    __tablename__ = "pairings"
+    __table_args__ = (UniqueConstraint("code", name="uq_pairings_code"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    platform: str = Field(index=True)
+    sender_id: str
+    sender_name: str | None = None
+    code: str
+    status: str = "pending"  # pending | approved | denied
+    created_at: datetime = Field(default_factory=utcnow)
+    expires_at: datetime
+    decided_at: datetime | None = None
