@@ -57,6 +57,7 @@ class Gateway:
         )
         self.lanes = SessionLanes(self.runner.run_turn, config.gateway.max_concurrent_turns)
         self.access = AccessPolicy(config, self.store)
+        self.runner.typing = self.typing
         self._started = False
 
     def add_channel(self, channel: Channel) -> None:
@@ -151,6 +152,12 @@ class Gateway:
                 answers=(msg.platform_message_id,) if msg.platform_message_id else (),
             )
         )
+
+    async def typing(self, platform: str, chat_id: str, thread_id: str | None) -> None:
+        channel = self.channels.get(platform)
+        show = getattr(channel, "typing", None)
+        if show is not None and channel is not None and channel.capabilities.typing:
+            await show(chat_id, thread_id)
 
     async def deliver(self, message: OutboundMessage) -> None:
         channel = self.channels.get(message.platform)

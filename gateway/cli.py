@@ -20,6 +20,7 @@ from rich.table import Table
 from channels.console import ConsoleChannel
 from channels.webchat import WebchatChannel
 from gateway.app import Gateway
+from gateway.channels_setup import add_channel_routes, platform_channels
 from gateway.config import DEFAULT_CONFIG_NAME, Config, ConfigError, load_config
 from gateway.llm import NOT_CONFIGURED
 from gateway.logging_setup import setup_logging
@@ -106,11 +107,21 @@ async def _serve(config: Config) -> None:
     server: WebServer | None = None
     if config.channels.webchat.enabled and config.web.enabled:
         gateway.add_channel(webchat)
+    try:
+        platforms = platform_channels(config)
+    except ValueError as exc:
+        err_console.print(f"[red]channel error:[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(2) from None
+    for channel in platforms:
+        gateway.add_channel(channel)
+        log.info("channel %s enabled", channel.name)
     await gateway.start()
     if not gateway.llm.configured:
         err_console.print(f"[yellow]{escape(NOT_CONFIGURED)}[/yellow]", highlight=False)
     if config.web.enabled:
-        server = WebServer(build_app(gateway, webchat), config.web.host, config.web.port)
+        web_app = build_app(gateway, webchat)
+        add_channel_routes(web_app, platforms)
+        server = WebServer(web_app, config.web.host, config.web.port)
         url = await server.start()
         log.info("web chat on %s/ (POST %s/api/messages)", url, url)
         print(f"gatehouse listening on {url}", flush=True)

@@ -37,6 +37,8 @@ from memory.agents_md import AgentsFile
 log = logging.getLogger(__name__)
 
 Deliver = Callable[[OutboundMessage], Awaitable[None]]
+Typing = Callable[[str, str, str | None], Awaitable[None]]
+TYPING_REFRESH_SECONDS = 5.0
 
 ERROR_STATUS = "error"
 COMMAND_STATUS = "command"
@@ -100,6 +102,7 @@ class Runner:
         self.resolver = resolver
         self.summarize = summarize
         self.flush = flush
+        self.typing: Typing | None = None
         self.agents = AgentsFile(config.workspace / "AGENTS.md")
         self.on_turn: Callable[[TurnStats], None] | None = None
         self.last_plan: dict[str, ContextPlan] = {}
@@ -118,6 +121,11 @@ class Runner:
         started = time.perf_counter()
         stats = TurnStats(session_key, len(claimed))
         status: str | None = None
+        last = claimed[-1]
+        typing = asyncio.create_task(
+            self._keep_typing(last.platform or session.platform, last.chat_id or session.chat_id,
+                              session.thread_id)
+        )
         try:
             reply = await self._converse(session, claimed, stats)
         except asyncio.CancelledError:
@@ -131,6 +139,8 @@ class Runner:
             stats.error = str(exc)
             reply = exc.user_message
             status = ERROR_STATUS
+        finally:
+            typing.cancel()
         reply_message = Message(role="assistant", content=reply)
         reply_message = reply_message.with_tokens(
             self.resolver.counter.count_message(reply_message)
@@ -147,7 +157,6 @@ class Runner:
         stats.seconds = time.perf_counter() - started
         if self.on_turn is not None:
             self.on_turn(stats)
-        last = claimed[-1]
         await self.deliver(
             OutboundMessage(
                 platform=last.platform or session.platform,
@@ -305,6 +314,18 @@ class Runner:
             kind="context_overflow",
             detail=exc.detail,
         )
+
+    async def _keep_typing(self, platform: str, chat_id: str, thread_id: str | None) -> None:
+        """Show "typing…" while the turn runs (platforms expire it after ~5 s)."""
+        if self.typing is None:
+            return
+        while True:
+            try:
+                await self.typing(platform, chat_id, thread_id)
+            except Exception as exc:  # typing is cosmetic: never fail a turn over it
+                log.debug("typing indicator failed on %s: %s", platform, exc)
+                return
+            await asyncio.sleep(TYPING_REFRESH_SECONDS)
 
     def _group_buffer(self, session: SessionRow) -> int | None:
         """How many unmentioned group messages the next mention brings along."""

@@ -1,0 +1,38 @@
+"""Which platform channels `gatehouse run` starts, from `[channels.<name>] enabled`.
+
+Adapters are imported only when enabled, so a gateway that never talks to Discord never loads
+discord.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from channels.base import Channel
+from gateway.config import Config
+
+
+def platform_channels(config: Config) -> list[Channel]:
+    channels: list[Channel] = []
+    c = config.channels
+    if c.telegram.enabled:
+        from channels.telegram import TelegramChannel
+
+        channels.append(TelegramChannel(c.telegram))
+    if c.slack.enabled:
+        from channels.slack import SlackChannel
+
+        channels.append(SlackChannel(c.slack))
+    if c.discord.enabled:
+        from channels.discord import DiscordChannel
+
+        channels.append(DiscordChannel(c.discord))
+    return channels
+
+
+def add_channel_routes(app: Any, channels: list[Channel]) -> None:
+    """Webhook endpoints (Telegram webhook mode, Slack HTTP mode) on the gateway's web server."""
+    for channel in channels:
+        add_routes = getattr(channel, "add_routes", None)
+        if add_routes is not None:
+            add_routes(app)
