@@ -1,0 +1,377 @@
+"""The Telegram channel: a thin adapter over python-telegram-bot (PTB).
+
+PTB does the Bot API work (HTTP, long polling, update parsing, entity offsets); this module only
+turns a PTB `Message` into an `InboundMessage` and an `OutboundMessage` into `send_message` calls.
+
+Modes (`[channels.telegram] mode`):
+
+- ``polling`` (default): PTB's own `Updater.start_polling` long-polls ``getUpdates``.
+- ``webhook``: no updater; `start()` calls ``setWebhook(webhook_url, secret_token)`` and the
+  gateway's web server routes ``POST /telegram/webhook`` (see `add_routes`) into PTB. The reply is
+  200 only after the inbound handler returned, i.e. after the message was persisted; a handler
+  failure answers 500 so Telegram delivers the update again.
+
+``base_url`` points PTB at a self-hosted Bot API server (``<base_url>/bot<token>/<method>``).
+
+Delivery guarantee (polling). Telegram forgets an update once a later ``getUpdates`` call sends
+an ``offset`` past it. Stock PTB fetches the next batch as soon as the previous one is *queued*,
+so a crash while the handler still runs would lose the message. The update queue given to PTB
+(`_AckAfterProcessing`) makes the poller wait until the application processed each update — and
+the handler awaits `on_message`, which persists the message — before the next ``getUpdates``
+confirms it. A crash before persistence therefore means Telegram redelivers the update; the
+gateway deduplicates by platform message id. If `on_message` raises, the batch is not confirmed
+and PTB's retry loop fetches it again (with PTB's growing back-off), up to `max_redeliveries`
+attempts per update, after which the update is dropped with an error in the log.
+
+Ignored on purpose: the bot's own messages, edited messages (an edit never re-triggers a turn;
+they are not even requested via ``allowed_updates``), channel posts, and service messages that
+carry neither text nor an attachment (joins, pins, topic creation...). Attachments are listed by
+``file_id`` and never downloaded here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import re
+from typing import Any
+
+from aiohttp import web
+from telegram import Bot, Message, MessageEntity, Update, User
+from telegram.constants import ChatAction, ChatType
+from telegram.error import BadRequest, TelegramError
+from telegram.ext import Application, ApplicationBuilder, ContextTypes, MessageHandler, filters
+
+from channels.base import (
+    ChannelCapabilities,
+    InboundHandler,
+    InboundMessage,
+    OutboundMessage,
+)
+from channels.formatting import TELEGRAM_LIMIT, chunk_text
+from gateway.config import TelegramSettings
+
+log = logging.getLogger(__name__)
+
+WEBHOOK_PATH = "/telegram/webhook"
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+ALLOWED_UPDATES = [Update.MESSAGE]
+
+TelegramApp = Application[Any, Any, Any, Any, Any, Any]
+
+
+class _Redeliver(TelegramError):
+    """Raised inside PTB's polling loop so it does not confirm (and later refetches) a batch."""
+
+
+class _AckAfterProcessing(asyncio.Queue[object]):
+    """PTB's update queue, but `put` of an update returns only once the application processed it.
+
+    The poller advances its ``offset`` (which confirms updates to Telegram on the next
+    ``getUpdates``) only after all `put` calls of a batch returned, so an update is confirmed
+    only after its handler — and so the gateway's persistence — finished.
+    """
+
+    def __init__(self, channel: TelegramChannel) -> None:
+        super().__init__()
+        self._channel = channel
+
+    async def put(self, item: object) -> None:
+        await super().put(item)
+        if isinstance(item, Update):
+            await self.join()
+            self._channel._check_delivered(item.update_id)
+
+
+def _utf16_spans_removed(text: str, spans: list[tuple[int, int]]) -> str:
+    """`text` without the given (offset, length) spans, counted in UTF-16 code units."""
+    raw = text.encode("utf-16-le")
+    for offset, length in sorted(spans, reverse=True):
+        raw = raw[: offset * 2] + raw[(offset + length) * 2 :]
+    return raw.decode("utf-16-le")
+
+
+def _attachments(message: Message) -> tuple[dict[str, Any], ...]:
+    found: list[dict[str, Any]] = []
+    if message.photo:
+        largest = message.photo[-1]  # Telegram lists sizes smallest first
+        found.append({"type": "photo", "file_id": largest.file_id, "name": None})
+    for kind in ("document", "audio", "video", "voice"):
+        media = getattr(message, kind, None)
+        if media is not None:
+            found.append(
+                {"type": kind, "file_id": media.file_id, "name": getattr(media, "file_name", None)}
+            )
+    return tuple(found)
+
+
+def to_inbound(message: Message, me: User) -> InboundMessage | None:
+    """Normalize one PTB message; `None` for messages the gateway must not see (see module doc)."""
+    sender = message.from_user
+    if sender is not None and sender.id == me.id:
+        return None
+    if message.chat.type == ChatType.CHANNEL:
+        return None
+    text = message.text if message.text is not None else message.caption
+    attachments = _attachments(message)
+    if not text and not attachments:
+        return None
+    text = text or ""
+
+    direct = message.chat.type == ChatType.PRIVATE
+    mentioned = direct
+    spans: list[tuple[int, int]] = []
+    entities = (
+        message.parse_entities() if message.text is not None else message.parse_caption_entities()
+    )
+    handle = f"@{me.username}".lower() if me.username else None
+    for ent, fragment in entities.items():
+        if ent.type == MessageEntity.MENTION and handle and fragment.lower() == handle:
+            mentioned = True
+            spans.append((ent.offset, ent.length))
+        elif (
+            ent.type == MessageEntity.TEXT_MENTION and ent.user is not None and ent.user.id == me.id
+        ):
+            mentioned = True
+            spans.append((ent.offset, ent.length))
+        elif ent.type == MessageEntity.BOT_COMMAND and handle and fragment.lower().endswith(handle):
+            # "/help@gatehouse_bot" addresses this bot; keep the command, drop the suffix.
+            mentioned = True
+            spans.append((ent.offset + ent.length - len(handle), len(handle)))
+    if spans:
+        text = _utf16_spans_removed(text, spans)
+        text = re.sub(r"[ \t]{2,}", " ", text)
+        text = re.sub(r"^[\s,:;]+", "", text).strip()
+
+    replied = message.reply_to_message
+    reply_to: str | None = None
+    thread_id: str | None = None
+    if message.is_topic_message and message.message_thread_id is not None:
+        thread_id = str(message.message_thread_id)
+    if replied is not None:
+        # In a forum topic every message "replies" to the topic's creation message; that is
+        # not a reply to a person (but a topic the bot created counts as addressing the bot).
+        implicit = thread_id is not None and replied.message_id == message.message_thread_id
+        if not implicit:
+            reply_to = str(replied.message_id)
+        if replied.from_user is not None and replied.from_user.id == me.id:
+            mentioned = True
+
+    if sender is not None:
+        sender_id = str(sender.id)
+        sender_name = sender.full_name or sender.username
+    elif message.sender_chat is not None:  # anonymous admin / linked channel
+        sender_id = str(message.sender_chat.id)
+        sender_name = message.sender_chat.title or message.sender_chat.username
+    else:
+        return None
+
+    return InboundMessage(
+        platform="telegram",
+        chat_type="direct" if direct else "group",
+        chat_id=str(message.chat.id),
+        sender_id=sender_id,
+        sender_name=sender_name,
+        text=text,
+        thread_id=thread_id,
+        was_mentioned=mentioned,
+        reply_to=reply_to,
+        attachments=attachments,
+        platform_message_id=str(message.message_id),
+        timestamp=message.date.timestamp(),
+    )
+
+
+def _reply_target_gone(exc: BadRequest) -> bool:
+    msg = exc.message.lower()
+    return "not found" in msg and "repl" in msg
+
+
+class TelegramChannel:
+    name = "telegram"
+    capabilities = ChannelCapabilities(
+        max_message_chars=TELEGRAM_LIMIT, threads=True, edits=True, typing=True
+    )
+    max_redeliveries = 10
+    """Polling: fetch an update again at most this often when `on_message` keeps failing."""
+    poll_timeout = 30
+    """Seconds one ``getUpdates`` long poll may be held by Telegram."""
+
+    def __init__(self, settings: TelegramSettings) -> None:
+        if not settings.token:
+            raise ValueError(
+                'channels.telegram.token is missing: set it (e.g. token = "${TELEGRAM_BOT_TOKEN}")'
+            )
+        if settings.mode == "webhook":
+            if not settings.webhook_url:
+                raise ValueError('channels.telegram.webhook_url is required when mode = "webhook"')
+            if not settings.webhook_secret:
+                raise ValueError(
+                    'channels.telegram.webhook_secret is required when mode = "webhook" '
+                    "(Telegram sends it back in every request; without it anyone could post updates)"
+                )
+        self.settings = settings
+        self._app: TelegramApp | None = None
+        self._on_message: InboundHandler | None = None
+        self._me: User | None = None
+        self._failed: dict[int, int] = {}  # update_id -> failed attempts
+        self._undelivered: set[int] = set()  # update_ids whose on_message raised
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    @property
+    def bot(self) -> Bot:
+        if self._app is None:
+            raise RuntimeError("telegram channel is not started")
+        bot: Bot = self._app.bot
+        return bot
+
+    @property
+    def me(self) -> User:
+        if self._me is None:
+            raise RuntimeError("telegram channel is not started")
+        return self._me
+
+    def _build(self) -> TelegramApp:
+        s = self.settings
+        assert s.token is not None
+        builder = ApplicationBuilder().token(s.token).job_queue(None)
+        if s.base_url:
+            root = s.base_url.rstrip("/")
+            builder = builder.base_url(f"{root}/bot").base_file_url(f"{root}/file/bot")
+        if s.mode == "webhook":
+            builder = builder.updater(None)
+        else:
+            builder = builder.update_queue(_AckAfterProcessing(self))
+        app = builder.build()
+        app.add_handler(MessageHandler(filters.UpdateType.MESSAGE, self._on_update))
+        return app
+
+    async def start(self, on_message: InboundHandler) -> None:
+        if self._app is not None:
+            raise RuntimeError("telegram channel already started")
+        self._on_message = on_message
+        app = self._build()
+        await app.initialize()
+        try:
+            # initialize() called getMe; `bot.bot` is that User (id and username for mentions).
+            self._me = app.bot.bot
+            if self.settings.mode == "webhook":
+                await app.bot.set_webhook(
+                    url=self.settings.webhook_url or "",
+                    secret_token=self.settings.webhook_secret,
+                    allowed_updates=ALLOWED_UPDATES,
+                )
+            else:
+                assert app.updater is not None
+                await app.updater.start_polling(
+                    timeout=self.poll_timeout, allowed_updates=ALLOWED_UPDATES
+                )
+            await app.start()
+        except BaseException:
+            if app.updater is not None and app.updater.running:
+                await app.updater.stop()
+            await app.shutdown()
+            raise
+        self._app = app
+        log.info("telegram: started as @%s (%s mode)", self._me.username, self.settings.mode)
+
+    async def stop(self) -> None:
+        """Stop polling (the pending long poll is cancelled), finish the handler, close HTTP."""
+        app, self._app = self._app, None
+        if app is None:
+            return
+        if app.updater is not None and app.updater.running:
+            await app.updater.stop()
+        if app.running:
+            await app.stop()
+        await app.shutdown()
+
+    # -- inbound ------------------------------------------------------------------------------
+
+    async def _on_update(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        message = update.message
+        if message is None or self._on_message is None:
+            return
+        try:
+            inbound = to_inbound(message, self.me)
+        except Exception:  # a message we cannot read is skipped, never retried forever
+            log.exception("telegram: could not normalize update %s", update.update_id)
+            return
+        if inbound is None:
+            return
+        try:
+            await self._on_message(inbound)
+        except Exception:
+            log.exception("telegram: inbound handler failed for update %s", update.update_id)
+            self._undelivered.add(update.update_id)
+        else:
+            self._failed.pop(update.update_id, None)
+
+    def _check_delivered(self, update_id: int) -> None:
+        """Polling: refuse to confirm an update whose `on_message` raised (see module doc)."""
+        if update_id not in self._undelivered:
+            return
+        self._undelivered.discard(update_id)
+        attempts = self._failed.get(update_id, 0) + 1
+        if attempts >= self.max_redeliveries:
+            self._failed.pop(update_id, None)
+            log.error("telegram: dropping update %s after %s failed attempts", update_id, attempts)
+            return
+        self._failed[update_id] = attempts
+        raise _Redeliver(f"update {update_id} was not persisted; fetching it again")
+
+    def add_routes(self, app: web.Application) -> None:
+        """Register ``POST /telegram/webhook`` (used in webhook mode) on the gateway's web app."""
+        app.router.add_post(WEBHOOK_PATH, self._handle_webhook)
+
+    async def _handle_webhook(self, request: web.Request) -> web.Response:
+        secret = self.settings.webhook_secret
+        given = request.headers.get(SECRET_HEADER, "")
+        if not secret or not hmac.compare_digest(given.encode(), secret.encode()):
+            return web.Response(status=403, text="forbidden")
+        app = self._app
+        if app is None or self.settings.mode != "webhook":
+            return web.Response(status=503, text="telegram webhook is not active")
+        try:
+            data = json.loads(await request.read())
+        except ValueError:
+            return web.Response(status=400, text="body is not JSON")
+        if not isinstance(data, dict):
+            return web.Response(status=400, text="body is not a JSON object")
+        try:
+            update = Update.de_json(data, app.bot)
+        except Exception:
+            log.exception("telegram: webhook body is not an Update")
+            return web.Response(status=400, text="not a Telegram update")
+        await app.process_update(update)
+        if update.update_id in self._undelivered:
+            self._undelivered.discard(update.update_id)
+            return web.Response(status=500, text="not persisted; deliver again")
+        return web.Response(text="ok")
+
+    # -- outbound -----------------------------------------------------------------------------
+
+    async def send(self, message: OutboundMessage) -> None:
+        """Send the reply as plain text in chunks of at most 4,096 characters."""
+        bot = self.bot
+        thread = int(message.thread_id) if message.thread_id else None
+        reply_to = int(message.reply_to) if message.reply_to else None
+        for chunk in chunk_text(message.text, TELEGRAM_LIMIT):
+            try:
+                await bot.send_message(
+                    message.chat_id, chunk, message_thread_id=thread, reply_to_message_id=reply_to
+                )
+            except BadRequest as exc:
+                if reply_to is None or not _reply_target_gone(exc):
+                    raise
+                log.info("telegram: reply target %s is gone; sending without it", reply_to)
+                await bot.send_message(message.chat_id, chunk, message_thread_id=thread)
+            reply_to = None  # only the first chunk is a reply
+
+    async def typing(self, chat_id: str, thread_id: str | None) -> None:
+        await self.bot.send_chat_action(
+            chat_id, ChatAction.TYPING, message_thread_id=int(thread_id) if thread_id else None
+        )

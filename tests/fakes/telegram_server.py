@@ -1,0 +1,432 @@
+"""A small fake Telegram Bot API server, driven by the real python-telegram-bot over real sockets.
+
+    async with FakeTelegram() as fake:
+        app = ApplicationBuilder().token(fake.token).base_url(fake.base_url + "/bot")...
+        fake.private_message(user_id=7, text="hi")          # queued for getUpdates
+        sent = await fake.wait_for_call("sendMessage")       # params decoded from PTB's form body
+
+Routes: ``POST|GET /bot<TOKEN>/<method>`` for getMe, getUpdates (a real long poll: it holds until
+an update is queued, ``timeout`` elapses or the server stops), sendMessage, sendChatAction,
+setWebhook, deleteWebhook, getWebhookInfo, close and logOut. A wrong token answers 401 and an
+unknown method 404, both in the Bot API's ``{"ok": false, ...}`` shape.
+
+PTB sends ``application/x-www-form-urlencoded`` bodies whose values are JSON (strings are sent
+raw); each field is decoded back. ``sendMessage`` with a ``reply_parameters.message_id`` the
+fake does not know (never queued/sent, or removed with ``forget_message``) answers
+``400 Bad Request: message to be replied not found`` like Telegram does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self, TypeAlias
+
+from aiohttp import web
+
+__all__ = ["Call", "FakeTelegram", "entity"]
+
+JSON: TypeAlias = dict[str, Any]
+
+# Fields whose value is a string even when it looks like JSON (e.g. a text of "123").
+_STRING_FIELDS = frozenset(
+    {"text", "caption", "url", "secret_token", "action", "parse_mode", "ip_address"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One request the fake received: the Bot API method and its decoded parameters."""
+
+    method: str
+    params: JSON
+
+
+def _utf16_len(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+def entity(text: str, fragment: str, type: str = "mention", **extra: Any) -> JSON:
+    """A ``MessageEntity`` dict covering the first ``fragment`` in ``text`` (UTF-16 offsets)."""
+    at = text.index(fragment)
+    return {
+        "type": type,
+        "offset": _utf16_len(text[:at]),
+        "length": _utf16_len(fragment),
+        **extra,
+    }
+
+
+def _decode_field(name: str, raw: str) -> Any:
+    if name in _STRING_FIELDS:
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+class FakeTelegram:
+    """A Bot API server for one bot, on ``127.0.0.1`` and a random port."""
+
+    def __init__(
+        self,
+        token: str = "123456:TEST-TOKEN",
+        bot_id: int = 4242,
+        bot_username: str = "gatehouse_bot",
+        bot_name: str = "Gatehouse",
+        host: str = "127.0.0.1",
+    ) -> None:
+        self.token = token
+        self.bot_id = bot_id
+        self.bot_username = bot_username
+        self.bot_name = bot_name
+        self.host = host
+        self.calls: list[Call] = []
+        self.updates: list[JSON] = []
+        """Queued updates not yet confirmed by a getUpdates ``offset``."""
+        self.confirmed_offset = 0
+        self.webhook: JSON = {}
+        self.fail_next: dict[str, tuple[int, str]] = {}
+        """method -> (HTTP status, description) answered once instead of the normal result."""
+        self._cond = asyncio.Condition()
+        self._new_update = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+        self._port: int | None = None
+        self._update_ids = itertools.count(1)
+        self._message_ids: dict[int, itertools.count[int]] = {}
+        self._known: set[tuple[int, int]] = set()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._runner is not None:
+            raise RuntimeError("FakeTelegram already started")
+        self._stopping = asyncio.Event()
+        app = web.Application()
+        app.router.add_route("*", "/bot{token}/{method}", self._handle)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.25)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, 0)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._port = int(runner.addresses[0][1])
+        self._runner = runner
+
+    async def stop(self) -> None:
+        """Stop the server; pending long polls are answered (empty) at once. Idempotent."""
+        self._stopping.set()
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT`` — the Bot API root; PTB wants ``base_url + "/bot"``."""
+        if self._port is None:
+            raise RuntimeError("FakeTelegram is not started")
+        return f"http://{self.host}:{self._port}"
+
+    # -- inspection ---------------------------------------------------------------------------
+
+    def calls_to(self, method: str) -> list[JSON]:
+        return [call.params for call in self.calls if call.method == method]
+
+    async def wait_for_call(
+        self,
+        method: str,
+        n: int = 1,
+        timeout: float = 5.0,  # noqa: ASYNC109
+        where: Callable[[JSON], bool] | None = None,
+    ) -> list[JSON]:
+        """Wait until ``n`` calls of ``method`` (matching ``where``) arrived; return them all."""
+
+        def matching() -> list[JSON]:
+            return [p for p in self.calls_to(method) if where is None or where(p)]
+
+        try:
+            async with asyncio.timeout(timeout), self._cond:
+                await self._cond.wait_for(lambda: len(matching()) >= n)
+        except TimeoutError:
+            raise TimeoutError(
+                f"expected {n} {method} call(s) within {timeout}s, got {len(matching())}"
+            ) from None
+        return matching()
+
+    # -- scripting ----------------------------------------------------------------------------
+
+    def queue_update(self, update: JSON) -> JSON:
+        """Queue a raw update (``update_id`` is assigned when missing) for getUpdates."""
+        update.setdefault("update_id", next(self._update_ids))
+        self.updates.append(update)
+        self._new_update.set()
+        self._new_update = asyncio.Event()
+        return update
+
+    def forget_message(self, chat_id: int, message_id: int) -> None:
+        """Make the message unknown (deleted): replies to it fail with "not found"."""
+        self._known.discard((chat_id, message_id))
+
+    def next_message_id(self, chat_id: int) -> int:
+        counter = self._message_ids.setdefault(chat_id, itertools.count(1))
+        message_id = next(counter)
+        self._known.add((chat_id, message_id))
+        return message_id
+
+    def bot_user(self) -> JSON:
+        return {
+            "id": self.bot_id,
+            "is_bot": True,
+            "first_name": self.bot_name,
+            "username": self.bot_username,
+        }
+
+    def user(self, user_id: int, first_name: str | None = None, **extra: Any) -> JSON:
+        if user_id == self.bot_id:
+            return self.bot_user()
+        return {
+            "id": user_id,
+            "is_bot": False,
+            "first_name": first_name or f"User{user_id}",
+            "username": f"user{user_id}",
+            **extra,
+        }
+
+    def message(
+        self,
+        chat: JSON,
+        user_id: int,
+        text: str | None,
+        *,
+        entities: Sequence[Mapping[str, Any]] | None = None,
+        caption: str | None = None,
+        photo: Sequence[Mapping[str, Any]] | None = None,
+        document: Mapping[str, Any] | None = None,
+        reply_to: JSON | int | None = None,
+        thread_id: int | None = None,
+        first_name: str | None = None,
+        edited: bool = False,
+        enqueue: bool = True,
+        **extra: Any,
+    ) -> JSON:
+        """Build (and by default queue) an update carrying one message; returns the update."""
+        chat_id = int(chat["id"])
+        message: JSON = {
+            "message_id": self.next_message_id(chat_id),
+            "date": int(time.time()),
+            "chat": chat,
+            "from": self.user(user_id, first_name),
+            **extra,
+        }
+        if text is not None:
+            message["text"] = text
+        if entities:
+            key = "entities" if text is not None else "caption_entities"
+            message[key] = [dict(e) for e in entities]
+        if caption is not None:
+            message["caption"] = caption
+        if photo is not None:
+            message["photo"] = [dict(p) for p in photo]
+        if document is not None:
+            message["document"] = dict(document)
+        if thread_id is not None:
+            message["message_thread_id"] = thread_id
+            message["is_topic_message"] = True
+        if isinstance(reply_to, int):
+            reply_to = {
+                "message_id": reply_to,
+                "date": int(time.time()),
+                "chat": chat,
+                "from": self.user(1),
+                "text": "(earlier message)",
+            }
+        if reply_to is not None:
+            message["reply_to_message"] = reply_to
+        update: JSON = {"update_id": next(self._update_ids)}
+        update["edited_message" if edited else "message"] = message
+        if edited:
+            message["edit_date"] = int(time.time())
+        return self.queue_update(update) if enqueue else update
+
+    def private_message(self, user_id: int, text: str | None, **kwargs: Any) -> JSON:
+        """A direct message from ``user_id`` (its private chat has the same id)."""
+        chat = {
+            "id": user_id,
+            "type": "private",
+            "first_name": kwargs.get("first_name") or f"User{user_id}",
+        }
+        return self.message(chat, user_id, text, **kwargs)
+
+    def group_message(
+        self,
+        chat_id: int,
+        user_id: int,
+        text: str | None,
+        *,
+        reply_to_bot: bool = False,
+        chat_type: str = "supergroup",
+        title: str = "Test group",
+        **kwargs: Any,
+    ) -> JSON:
+        """A message in a group; ``thread_id`` makes it a forum-topic message."""
+        chat: JSON = {"id": chat_id, "type": chat_type, "title": title}
+        if kwargs.get("thread_id") is not None:
+            chat["is_forum"] = True
+        if reply_to_bot:
+            kwargs["reply_to"] = {
+                "message_id": self.next_message_id(chat_id),
+                "date": int(time.time()),
+                "chat": chat,
+                "from": self.bot_user(),
+                "text": "an earlier answer",
+            }
+        return self.message(chat, user_id, text, **kwargs)
+
+    # -- HTTP ---------------------------------------------------------------------------------
+
+    async def _params(self, request: web.Request) -> JSON:
+        params: JSON = {k: _decode_field(k, v) for k, v in request.query.items()}
+        if request.can_read_body:
+            if request.content_type == "application/json":
+                body = await request.json()
+                if isinstance(body, dict):
+                    params.update(body)
+            else:
+                form = await request.post()
+                params.update(
+                    {k: _decode_field(k, v) for k, v in form.items() if isinstance(v, str)}
+                )
+        return params
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        method = request.match_info["method"]
+        if request.match_info["token"] != self.token:
+            return _error(401, "Unauthorized")
+        params = await self._params(request)
+        async with self._cond:
+            self.calls.append(Call(method, params))
+            self._cond.notify_all()
+        if method in self.fail_next:
+            status, description = self.fail_next.pop(method)
+            return _error(status, description)
+        handler = self._methods().get(method)
+        if handler is None:
+            return _error(404, "Not Found: method not found")
+        return await handler(params)
+
+    def _methods(self) -> dict[str, Callable[[JSON], Awaitable[web.Response]]]:
+        return {
+            "getMe": self._get_me,
+            "getUpdates": self._get_updates,
+            "sendMessage": self._send_message,
+            "sendChatAction": self._true,
+            "setWebhook": self._set_webhook,
+            "deleteWebhook": self._delete_webhook,
+            "getWebhookInfo": self._get_webhook_info,
+            "close": self._true,
+            "logOut": self._true,
+        }
+
+    async def _true(self, params: JSON) -> web.Response:
+        return _ok(True)
+
+    async def _get_me(self, params: JSON) -> web.Response:
+        return _ok(
+            {
+                **self.bot_user(),
+                "can_join_groups": True,
+                "can_read_all_group_messages": False,
+                "supports_inline_queries": False,
+            }
+        )
+
+    async def _get_updates(self, params: JSON) -> web.Response:
+        offset = int(params.get("offset") or 0)
+        if offset > self.confirmed_offset:
+            self.confirmed_offset = offset
+            self.updates = [u for u in self.updates if u["update_id"] >= offset]
+        limit = int(params.get("limit") or 100)
+        timeout = float(params.get("timeout") or 0)
+        if not self.updates and timeout > 0 and not self._stopping.is_set():
+            new_update = self._new_update
+            stopping = asyncio.ensure_future(self._stopping.wait())
+            arrived = asyncio.ensure_future(new_update.wait())
+            try:
+                await asyncio.wait(
+                    {stopping, arrived}, timeout=timeout, return_when="FIRST_COMPLETED"
+                )
+            finally:
+                for task in (stopping, arrived):
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+        return _ok(self.updates[:limit])
+
+    async def _send_message(self, params: JSON) -> web.Response:
+        chat_id = int(params["chat_id"])
+        reply = params.get("reply_parameters") or {}
+        reply_id = reply.get("message_id") if isinstance(reply, dict) else None
+        if reply_id is not None and (chat_id, int(reply_id)) not in self._known:
+            if not reply.get("allow_sending_without_reply"):
+                return _error(400, "Bad Request: message to be replied not found")
+        message: JSON = {
+            "message_id": self.next_message_id(chat_id),
+            "date": int(time.time()),
+            "chat": {"id": chat_id, "type": "private" if chat_id > 0 else "supergroup"},
+            "from": self.bot_user(),
+            "text": params.get("text", ""),
+        }
+        if params.get("message_thread_id") is not None:
+            message["message_thread_id"] = int(params["message_thread_id"])
+        return _ok(message)
+
+    async def _set_webhook(self, params: JSON) -> web.Response:
+        self.webhook = dict(params)
+        return _ok(True)
+
+    async def _delete_webhook(self, params: JSON) -> web.Response:
+        self.webhook = {}
+        if params.get("drop_pending_updates"):
+            self.updates.clear()
+        return _ok(True)
+
+    async def _get_webhook_info(self, params: JSON) -> web.Response:
+        return _ok(
+            {
+                "url": self.webhook.get("url", ""),
+                "has_custom_certificate": False,
+                "pending_update_count": len(self.updates),
+            }
+        )
+
+
+def _ok(result: Any) -> web.Response:
+    return web.json_response({"ok": True, "result": result})
+
+
+def _error(status: int, description: str) -> web.Response:
+    return web.json_response(
+        {"ok": False, "error_code": status, "description": description}, status=status
+    )
