@@ -1,0 +1,343 @@
+"""The Discord channel: a thin adapter on the real discord.py client (gateway + REST).
+
+discord.py does the protocol work — login, the gateway websocket (HELLO/IDENTIFY/heartbeats/
+RESUME/reconnects), sharding, rate limits, caching, mention parsing. This module only turns a
+``discord.Message`` into an `InboundMessage` and an `OutboundMessage` into ``channel.send`` calls.
+
+Normalization
+- DM (``DMChannel``): chat_type ``direct``, chat_id = the DM channel id, always ``was_mentioned``.
+- Guild text channel: chat_type ``channel``, chat_id = the channel id.
+- Thread: chat_type ``channel`` with chat_id = the *parent* channel id and thread_id = the thread
+  id, so a thread's session key is the channel's key plus ``:thread:<id>`` and the channel's
+  allowlist and history settings apply to its threads.
+- ``was_mentioned``: the bot is in ``message.mentions``, or the bot's managed role is mentioned,
+  or the message replies to a bot message, or it is in a thread the bot started, or it is a DM.
+  ``<@id>``/``<@!id>`` (and ``<@&role>`` of the bot's role) are stripped from the text.
+- Ignored: the bot's own messages, every other bot's messages (two bots must never answer each
+  other in a loop), system messages (joins, pins, boosts ...), and messages with neither text
+  nor attachments (stickers, embeds only).
+
+Endpoints: ``api_base_url`` (the REST root *including the version*, e.g.
+``https://discord.com/api/v10``) and ``gateway_url`` (``wss://gateway.discord.gg/``) are for
+proxies and tests. discord.py keeps them in **process-wide class attributes**
+(``discord.http.Route.BASE`` and ``discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY``), so every
+client in the process uses them; `start` sets them and `stop` restores the previous values.
+
+The ``message_content`` intent is privileged: enable it for the bot in the Developer Portal, or
+guild messages arrive without text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from typing import Any
+
+import discord
+import discord.gateway
+import discord.http
+import yarl
+
+from channels.base import (
+    ChannelCapabilities,
+    ChatType,
+    InboundHandler,
+    InboundMessage,
+    OutboundMessage,
+)
+from channels.formatting import DISCORD_LIMIT, chunk_text
+from gateway.config import DiscordSettings
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DiscordChannel", "discord_intents"]
+
+
+def discord_intents() -> discord.Intents:
+    """Guilds, guild + DM messages, and message content (privileged)."""
+    intents = discord.Intents.none()
+    intents.guilds = True
+    intents.messages = True  # guild_messages and dm_messages
+    intents.dm_messages = True
+    intents.message_content = True
+    return intents
+
+
+class DiscordChannel:
+    name = "discord"
+    capabilities = ChannelCapabilities(
+        max_message_chars=DISCORD_LIMIT, threads=True, edits=True, typing=True
+    )
+
+    def __init__(
+        self,
+        settings: DiscordSettings,
+        *,
+        account: str = "default",
+        ready_timeout: float = 60.0,
+        guild_ready_timeout: float = 2.0,
+        stop_timeout: float = 10.0,
+    ) -> None:
+        """``guild_ready_timeout`` is discord.py's wait for further GUILD_CREATEs before READY
+        fires (its default, 2 s); tests against a fake gateway pass a small value."""
+        token = (settings.token or "").strip()
+        if not token:
+            raise ValueError(
+                "channels.discord.token is not set: add the bot token "
+                '(e.g. token = "${DISCORD_BOT_TOKEN}") to [channels.discord]'
+            )
+        if settings.shard_ids is not None and settings.shard_count is None:
+            raise ValueError("channels.discord.shard_ids needs channels.discord.shard_count")
+        if settings.shard_ids is not None and settings.shard_count is not None:
+            bad = [i for i in settings.shard_ids if not 0 <= i < settings.shard_count]
+            if bad:
+                raise ValueError(
+                    f"channels.discord.shard_ids {bad} out of range for shard_count "
+                    f"{settings.shard_count}"
+                )
+        self.settings = settings
+        self.account = account
+        self.ready_timeout = ready_timeout
+        self.guild_ready_timeout = guild_ready_timeout
+        self.stop_timeout = stop_timeout
+        self._token = token
+        self._handler: InboundHandler | None = None
+        self._client: discord.Client | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+        self._saved_endpoints: tuple[str, yarl.URL] | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    @property
+    def client(self) -> discord.Client:
+        if self._client is None:
+            raise RuntimeError("discord channel is not started")
+        return self._client
+
+    def _make_client(self) -> discord.Client:
+        options: dict[str, Any] = {
+            "intents": discord_intents(),
+            "guild_ready_timeout": self.guild_ready_timeout,
+            # Never ping anyone by accident; send() passes this explicitly as well.
+            "allowed_mentions": discord.AllowedMentions.none(),
+        }
+        s = self.settings
+        client: discord.Client
+        if s.shard_count is not None or s.shard_ids is not None:
+            if s.shard_ids is not None:
+                options["shard_ids"] = s.shard_ids
+            client = discord.AutoShardedClient(shard_count=s.shard_count, **options)
+        else:
+            client = discord.Client(**options)
+        # discord.py dispatches "ready"/"message" to attributes named on_<event>.
+        client.on_ready = self._on_ready  # type: ignore[attr-defined]
+        client.on_message = self._on_message  # type: ignore[attr-defined]
+        return client
+
+    def _apply_endpoints(self) -> None:
+        s = self.settings
+        if not (s.api_base_url or s.gateway_url):
+            return
+        ws_cls = discord.gateway.DiscordWebSocket
+        self._saved_endpoints = (discord.http.Route.BASE, ws_cls.DEFAULT_GATEWAY)
+        if s.api_base_url:
+            discord.http.Route.BASE = s.api_base_url.rstrip("/")
+        if s.gateway_url:
+            ws_cls.DEFAULT_GATEWAY = yarl.URL(s.gateway_url)
+
+    def _restore_endpoints(self) -> None:
+        saved, self._saved_endpoints = self._saved_endpoints, None
+        if saved is not None:
+            discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = saved
+
+    async def start(self, on_message: InboundHandler) -> None:
+        """Log in, connect the gateway in a background task and wait until READY."""
+        if self._task is not None:
+            raise RuntimeError("discord channel is already started")
+        self._handler = on_message
+        self._ready.clear()
+        self._apply_endpoints()
+        self._client = client = self._make_client()
+        self._task = task = asyncio.create_task(client.start(self._token), name="discord-client")
+        ready = asyncio.create_task(self._ready.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {task, ready}, timeout=self.ready_timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            ready.cancel()
+        if ready in done and not task.done():
+            log.info("discord: connected as %s (%s)", client.user, client.user and client.user.id)
+            return
+        error: BaseException | None = None
+        if task.done() and not task.cancelled():
+            error = task.exception()
+        await self.stop()
+        if isinstance(error, discord.LoginFailure):
+            raise RuntimeError(
+                f"discord: login failed, check channels.discord.token ({error})"
+            ) from error
+        if isinstance(error, discord.PrivilegedIntentsRequired):
+            raise RuntimeError(
+                "discord: the message_content intent is not enabled for this bot "
+                "(Developer Portal → Bot → Privileged Gateway Intents)"
+            ) from error
+        if error is not None:
+            raise RuntimeError(f"discord: could not connect: {error!r}") from error
+        if task.done():
+            raise RuntimeError("discord: the client stopped before it was ready")
+        raise TimeoutError(f"discord: not ready after {self.ready_timeout}s (gateway unreachable?)")
+
+    async def stop(self) -> None:
+        """Close the client (gateway + HTTP session) and end the background task. Idempotent."""
+        client, self._client = self._client, None
+        task, self._task = self._task, None
+        try:
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(client.close(), timeout=self.stop_timeout)
+            if task is not None:
+                if not task.done():
+                    try:
+                        await asyncio.wait_for(asyncio.shield(task), timeout=self.stop_timeout)
+                    except TimeoutError:
+                        task.cancel()
+                        with contextlib.suppress(asyncio.CancelledError, Exception):
+                            await task
+                    except Exception:
+                        pass
+                elif not task.cancelled():
+                    task.exception()  # retrieved, so asyncio does not warn about it
+        finally:
+            self._ready.clear()
+            self._restore_endpoints()
+
+    # -- inbound ------------------------------------------------------------------------------
+
+    async def _on_ready(self) -> None:
+        self._ready.set()
+
+    async def _on_message(self, message: discord.Message) -> None:
+        handler = self._handler
+        if handler is None:
+            return
+        inbound = self.normalize(message)
+        if inbound is None:
+            return
+        try:
+            await handler(inbound)
+        except Exception:
+            log.exception("discord: inbound handler failed for message %s", message.id)
+
+    def normalize(self, message: discord.Message) -> InboundMessage | None:
+        """A ``discord.Message`` as an `InboundMessage`, or ``None`` when it is ignored."""
+        me = self._client.user if self._client is not None else None
+        if me is None or message.author.bot or message.author.id == me.id:
+            return None
+        if message.is_system():
+            return None
+
+        channel = message.channel
+        chat_type: ChatType
+        thread_id: str | None = None
+        mentioned = False
+        if isinstance(channel, discord.DMChannel):
+            chat_type, chat_id, mentioned = "direct", str(channel.id), True
+        elif isinstance(channel, discord.GroupChannel):
+            chat_type, chat_id = "group", str(channel.id)
+        elif isinstance(channel, discord.Thread):
+            chat_type, chat_id, thread_id = "channel", str(channel.parent_id), str(channel.id)
+            mentioned = channel.owner_id == me.id  # a thread the bot started
+        else:
+            chat_type, chat_id = "channel", str(channel.id)
+
+        if any(user.id == me.id for user in message.mentions):
+            mentioned = True
+        bot_role = message.guild.self_role if message.guild is not None else None
+        if bot_role is not None and bot_role in message.role_mentions:
+            mentioned = True
+        reply_to: str | None = None
+        ref = message.reference
+        if ref is not None and ref.message_id is not None:
+            reply_to = str(ref.message_id)
+            replied = ref.resolved if isinstance(ref.resolved, discord.Message) else None
+            replied = replied or ref.cached_message
+            if replied is not None and replied.author.id == me.id:
+                mentioned = True
+
+        text = _strip_mentions(message.content, me.id, bot_role.id if bot_role else None)
+        attachments = tuple(
+            {
+                "id": str(a.id),
+                "filename": a.filename,
+                "url": a.url,
+                "content_type": a.content_type,
+                "size": a.size,
+            }
+            for a in message.attachments
+        )
+        if not text and not attachments:
+            return None
+        return InboundMessage(
+            platform=self.name,
+            account=self.account,
+            chat_type=chat_type,
+            chat_id=chat_id,
+            thread_id=thread_id,
+            sender_id=str(message.author.id),
+            sender_name=message.author.display_name,
+            text=text,
+            was_mentioned=mentioned,
+            reply_to=reply_to,
+            attachments=attachments,
+            platform_message_id=str(message.id),
+            timestamp=message.created_at.timestamp(),
+        )
+
+    # -- outbound -----------------------------------------------------------------------------
+
+    async def _messageable(self, chat_id: str, thread_id: str | None) -> discord.abc.Messageable:
+        client = self.client
+        channel_id = int(thread_id or chat_id)
+        channel = client.get_channel(channel_id)
+        if channel is None:
+            channel = await client.fetch_channel(channel_id)
+        if not isinstance(channel, discord.abc.Messageable):
+            raise ValueError(f"discord: channel {channel_id} cannot receive messages")
+        return channel
+
+    async def send(self, message: OutboundMessage) -> None:
+        """Send the reply in chunks of at most 2,000 characters; the first one as a reply."""
+        chunks = chunk_text(message.text, DISCORD_LIMIT)
+        if not chunks:
+            return
+        channel = await self._messageable(message.chat_id, message.thread_id)
+        reply_to = message.reply_to or (message.answers[-1] if message.answers else None)
+        reference: discord.MessageReference | None = None
+        if reply_to is not None and reply_to.isdigit():
+            channel_id = getattr(channel, "id", None) or int(message.thread_id or message.chat_id)
+            reference = discord.MessageReference(
+                message_id=int(reply_to), channel_id=channel_id, fail_if_not_exists=False
+            )
+        for index, chunk in enumerate(chunks):
+            await channel.send(
+                chunk,
+                reference=reference if index == 0 else None,  # type: ignore[arg-type]
+                allowed_mentions=discord.AllowedMentions.none(),
+            )
+
+    async def typing(self, chat_id: str, thread_id: str | None = None) -> None:
+        """Show "typing…" once (Discord shows it for about ten seconds)."""
+        channel = await self._messageable(chat_id, thread_id)
+        await channel.typing()
+
+
+def _strip_mentions(text: str, bot_id: int, role_id: int | None) -> str:
+    """Remove ``<@id>``/``<@!id>`` (and the bot role's ``<@&id>``) with one following blank."""
+    pattern = rf"<@!?{bot_id}>"
+    if role_id is not None:
+        pattern += rf"|<@&{role_id}>"
+    return re.sub(rf"(?:{pattern})[ \t]?", "", text).strip()

@@ -1,0 +1,328 @@
+"""The Slack channel: a thin adapter on slack-bolt's async API.
+
+Transport (all of it is bolt / slack-sdk; nothing here re-implements it):
+
+- **Socket Mode** (``mode = "socket"``, the default): bolt's ``AsyncSocketModeHandler`` opens the
+  WebSocket URL from ``apps.connections.open`` (app-level ``xapp-`` token) and acks every
+  envelope. The URL is issued once in ``start()`` through the SDK's own
+  ``issue_new_wss_url()`` so a bad app token fails ``start()`` instead of retrying forever.
+- **HTTP mode** (``mode = "http"``): ``add_routes()`` mounts ``POST /slack/events`` on the
+  gateway's aiohttp app and hands every request to ``AsyncApp.async_dispatch`` through bolt's
+  aiohttp adapter. Bolt verifies the signature (401 for a forged one or a timestamp older than
+  five minutes) and answers ``url_verification`` challenges.
+- ``settings.base_url`` is the Web API base (default ``https://slack.com/api/``); a trailing slash
+  is added when missing, because slack-sdk joins method names onto it.
+
+Ack timing: bolt acks an event *before* our listener runs (HTTP: the 200 goes out first;
+Socket Mode: the envelope ack is sent as soon as the listener is scheduled). The listener then
+awaits ``on_message``, which persists the message, so a crash in the window between the ack and
+the persist loses that message. Making the ack wait for the persist is later crash-safety work
+(bolt's ``process_before_response``). ``stop()`` waits briefly for in-flight handlers.
+
+Events:
+
+- ``message`` with ``channel_type == "im"`` -> ``chat_type="direct"``; ``"mpim"`` -> ``"group"``;
+  ``"channel"`` / ``"group"`` (public / private channel) -> ``"channel"``.
+- ``app_mention`` -> ``chat_type="channel"``, ``was_mentioned=True``.
+- A mention of the bot (``<@BOTID>`` or ``<@BOTID|name>``) is stripped from the text wherever it
+  appears, and sets ``was_mentioned`` on plain ``message`` events too.
+- **Dedupe choice**: Slack delivers a channel message that mentions the bot twice, as
+  ``message`` and as ``app_mention``, in either order. Both are normalized the same way
+  (mention detected from the text), and the adapter remembers the last ``(channel, ts)`` pairs
+  it handed on: whichever copy arrives first wins, the second is dropped. This also works when
+  only one of the two subscriptions is configured, and swallows Slack's event retries.
+- ``thread_ts`` -> ``thread_id`` and ``reply_to`` (so the reply goes into that thread);
+  ``ts`` -> ``platform_message_id`` and ``timestamp``; ``user_profile`` (when Slack includes
+  it) -> ``sender_name``; no per-message API calls are made.
+- Ignored: anything with a ``bot_id`` (our own messages and other bots', which avoids bot loops),
+  anything from the bot's own user id, and every ``subtype`` except ``file_share``,
+  ``thread_broadcast`` and ``me_message`` -- so ``message_changed``, ``message_deleted``,
+  ``bot_message``, ``channel_join``/``channel_leave``, topic/purpose changes and the rest are
+  dropped. Other event types are acked by a catch-all listener so Slack does not retry them.
+- Slack escapes ``&``, ``<`` and ``>`` in message text; inbound text is unescaped, outbound text
+  is escaped (after chunking, re-chunking when the entities would push a chunk past the limit).
+
+Outbound: ``chunk_text(text, SLACK_LIMIT)`` and one ``chat.postMessage`` per chunk, with
+``thread_ts = thread_id``. Slack's default ``mrkdwn`` rendering is left on: code fences render as
+code blocks; Markdown-only syntax such as ``**bold**`` shows up literally.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections import OrderedDict
+from typing import Any
+
+from aiohttp import web
+from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
+from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+from slack_bolt.async_app import AsyncApp
+from slack_sdk.web.async_client import AsyncWebClient
+
+from channels.base import (
+    ChannelCapabilities,
+    ChatType,
+    InboundHandler,
+    InboundMessage,
+    OutboundMessage,
+)
+from channels.formatting import SLACK_LIMIT, chunk_text
+from gateway.config import SlackSettings
+
+log = logging.getLogger(__name__)
+
+EVENTS_PATH = "/slack/events"
+DEFAULT_API_URL = "https://slack.com/api/"
+ACCEPTED_SUBTYPES = frozenset({None, "file_share", "thread_broadcast", "me_message"})
+"""Message subtypes that are a person talking; every other subtype is ignored."""
+_SEEN_LIMIT = 2048
+_STOP_GRACE = 10.0
+
+
+def _unescape(text: str) -> str:
+    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def slack_chunks(text: str, limit: int = SLACK_LIMIT) -> list[str]:
+    """Chunks of at most ``limit`` characters *after* Slack's ``&``/``<``/``>`` escaping."""
+    out: list[str] = []
+    for chunk in chunk_text(text, limit):
+        escaped = _escape(chunk)
+        if len(escaped) <= limit:
+            out.append(escaped)
+            continue
+        # Entities can grow a character to 5; shrink the budget by this chunk's growth (a piece
+        # never grows more than its whole chunk did), with a floor that fits even all-"&" text.
+        smaller = max(limit - (len(escaped) - len(chunk)), limit // 5)
+        out.extend(_escape(piece) for piece in chunk_text(chunk, smaller))
+    return out
+
+
+class SlackChannel:
+    name = "slack"
+    capabilities = ChannelCapabilities(
+        max_message_chars=SLACK_LIMIT, threads=True, edits=True, typing=False
+    )
+
+    def __init__(self, settings: SlackSettings) -> None:
+        if not settings.bot_token:
+            raise ValueError("channels.slack.bot_token is required (the xoxb- bot token)")
+        if settings.mode == "socket" and not settings.app_token:
+            raise ValueError(
+                "channels.slack.app_token is required in socket mode (the xapp- app-level token "
+                "with connections:write)"
+            )
+        if settings.mode == "http" and not settings.signing_secret:
+            raise ValueError("channels.slack.signing_secret is required in http mode")
+        self.settings = settings
+        self.mode = settings.mode
+        api_url = settings.base_url or DEFAULT_API_URL
+        if not api_url.endswith("/"):
+            api_url += "/"
+        self.client = AsyncWebClient(token=settings.bot_token, base_url=api_url)
+        self.app = AsyncApp(
+            client=self.client,
+            name="gatehouse",
+            logger=log,
+            signing_secret=settings.signing_secret or "",
+            request_verification_enabled=self.mode == "http",
+            process_before_response=False,
+        )
+        self.app.event("message")(self._on_message_event)
+        self.app.event("app_mention")(self._on_mention_event)
+        self.app.event(re.compile(".*"))(self._on_other_event)
+        self.bot_user_id: str | None = None
+        self.bot_id: str | None = None
+        self._mention: re.Pattern[str] | None = None
+        self._handler: InboundHandler | None = None
+        self._accepting = False
+        self._socket: AsyncSocketModeHandler | None = None
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._inflight: set[asyncio.Task[Any]] = set()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self, on_message: InboundHandler) -> None:
+        auth = await self.client.auth_test()
+        self.bot_user_id = auth.get("user_id")
+        self.bot_id = auth.get("bot_id")
+        if self.bot_user_id:
+            self._mention = re.compile(rf"<@{re.escape(self.bot_user_id)}(?:\|[^>]*)?>")
+        self._handler = on_message
+        self._accepting = True
+        if self.mode == "socket":
+            handler = AsyncSocketModeHandler(self.app, self.settings.app_token, logger=log)
+            try:
+                # Issue the URL here so a bad app token raises instead of reconnecting forever.
+                handler.client.wss_uri = await handler.client.issue_new_wss_url()
+                await handler.connect_async()  # type: ignore[no-untyped-call]
+            except BaseException:
+                await handler.close_async()  # type: ignore[no-untyped-call]
+                self._handler = None
+                self._accepting = False
+                raise
+            self._socket = handler
+        log.info("slack: connected as %s (%s mode)", self.bot_user_id, self.mode)
+
+    async def stop(self) -> None:
+        # Stop taking new events first (HTTP: 503, so Slack retries; Socket Mode: the
+        # connection closes and unacked envelopes are redelivered). Events bolt already acked
+        # keep the handler until they finish, so they still get persisted.
+        self._accepting = False
+        handler, self._socket = self._socket, None
+        if handler is not None:
+            await handler.close_async()  # type: ignore[no-untyped-call]
+            client = handler.client
+            tasks = [
+                t
+                for t in (
+                    client.message_processor,
+                    client.current_session_monitor,
+                    client.message_receiver,
+                )
+                if t is not None
+            ]
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self._inflight:
+            _done, pending = await asyncio.wait(set(self._inflight), timeout=_STOP_GRACE)
+            if pending:
+                log.warning("slack: %d inbound message(s) still in flight at stop", len(pending))
+        self._handler = None
+
+    def add_routes(self, app: web.Application) -> None:
+        """Mount ``POST /slack/events`` (HTTP mode) on the gateway's aiohttp application."""
+        app.router.add_post(EVENTS_PATH, self._handle_http)
+
+    async def _handle_http(self, request: web.Request) -> web.Response:
+        if not self._accepting:
+            # Not started (or stopping): Slack retries later; nothing was acked.
+            return web.Response(status=503, text="slack channel is not running")
+        bolt_response = await self.app.async_dispatch(await to_bolt_request(request))
+        return await to_aiohttp_response(bolt_response)
+
+    # -- outbound ---------------------------------------------------------------------------
+
+    async def send(self, message: OutboundMessage) -> None:
+        for chunk in slack_chunks(message.text, SLACK_LIMIT):
+            await self.client.chat_postMessage(
+                channel=message.chat_id, text=chunk, thread_ts=message.thread_id
+            )
+
+    # -- inbound ----------------------------------------------------------------------------
+
+    async def _on_message_event(self, event: dict[str, Any]) -> None:
+        channel_type = event.get("channel_type")
+        chat_type: ChatType
+        if channel_type == "im":
+            chat_type = "direct"
+        elif channel_type == "mpim":
+            chat_type = "group"
+        else:
+            chat_type = "channel"
+        await self._dispatch(event, chat_type, mentioned=False)
+
+    async def _on_mention_event(self, event: dict[str, Any]) -> None:
+        await self._dispatch(event, "channel", mentioned=True)
+
+    async def _on_other_event(self) -> None:
+        """Ack event types we don't use, so Slack doesn't retry them."""
+
+    def _ignored(self, event: dict[str, Any]) -> str | None:
+        if event.get("subtype") not in ACCEPTED_SUBTYPES:
+            return f"subtype {event.get('subtype')}"
+        if event.get("bot_id") or event.get("bot_profile"):
+            return "bot message"
+        user = event.get("user")
+        if not user:
+            return "no user"
+        if user == self.bot_user_id:
+            return "own message"
+        return None
+
+    def to_inbound(
+        self, event: dict[str, Any], chat_type: ChatType, *, mentioned: bool = False
+    ) -> InboundMessage | None:
+        """Normalize a Slack event, or None when it is not a person's message."""
+        reason = self._ignored(event)
+        if reason is not None:
+            log.debug("slack: ignoring %s event (%s)", event.get("type"), reason)
+            return None
+        text = event.get("text") or ""
+        if self._mention is not None:
+            text, hits = self._mention.subn("", text)
+            mentioned = mentioned or hits > 0
+        text = _unescape(re.sub(r"[ \t]{2,}", " ", text).strip())
+        attachments = tuple(
+            {
+                "id": f.get("id"),
+                "name": f.get("name"),
+                "mimetype": f.get("mimetype"),
+                "size": f.get("size"),
+                "url": f.get("url_private"),
+            }
+            for f in event.get("files") or ()
+            if isinstance(f, dict)
+        )
+        if not text and not attachments:
+            return None
+        ts = str(event.get("ts") or event.get("event_ts") or "")
+        thread_ts = event.get("thread_ts")
+        profile = event.get("user_profile") or {}
+        sender_name = (
+            profile.get("display_name") or profile.get("real_name") or profile.get("name") or None
+        )
+        try:
+            timestamp = float(ts)
+        except ValueError:
+            timestamp = time.time()
+        return InboundMessage(
+            platform=self.name,
+            chat_type=chat_type,
+            chat_id=str(event.get("channel")),
+            sender_id=str(event["user"]),
+            sender_name=sender_name,
+            text=text,
+            thread_id=thread_ts,
+            reply_to=thread_ts,
+            was_mentioned=mentioned,
+            attachments=attachments,
+            platform_message_id=ts or None,
+            timestamp=timestamp,
+        )
+
+    async def _dispatch(
+        self, event: dict[str, Any], chat_type: ChatType, *, mentioned: bool
+    ) -> None:
+        handler = self._handler
+        if handler is None:
+            log.warning("slack: dropping an event that arrived while the channel is stopped")
+            return
+        msg = self.to_inbound(event, chat_type, mentioned=mentioned)
+        if msg is None:
+            return
+        key = f"{msg.chat_id}:{msg.platform_message_id}"
+        if msg.platform_message_id is not None:
+            if key in self._seen:
+                log.debug("slack: %s already handled (message + app_mention)", key)
+                return
+            self._seen[key] = None
+            while len(self._seen) > _SEEN_LIMIT:
+                self._seen.popitem(last=False)
+        task = asyncio.current_task()
+        if task is not None:
+            self._inflight.add(task)
+        try:
+            await handler(msg)
+        except Exception:
+            self._seen.pop(key, None)  # let a redelivery try again
+            log.exception("slack: handling message %s failed", key)
+        finally:
+            if task is not None:
+                self._inflight.discard(task)

@@ -1,0 +1,648 @@
+"""A fake Discord (REST + gateway websocket) for driving the real discord.py offline.
+
+The fake runs a real aiohttp server on ``127.0.0.1`` with a random port. Point discord.py at it
+(``DiscordSettings(api_base_url=fake.api_base_url, gateway_url=fake.gateway_url)``, which sets
+``discord.http.Route.BASE`` and ``discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY``) and the
+genuine client logs in, connects and receives real ``Message`` objects::
+
+    async with FakeDiscord() as fake:
+        channel = DiscordChannel(DiscordSettings(token=fake.token, api_base_url=...,
+                                                 gateway_url=...), guild_ready_timeout=0.05)
+        await channel.start(collector)
+        fake.dm_message("hello")                   # queued MESSAGE_CREATE dispatch
+        [call] = await fake.wait_for_call("POST", f"/channels/{fake.text_channel_id}/messages")
+
+REST (paths are recorded relative to the API root, without ``/api/v10``):
+
+- ``GET /users/@me`` (401 for a token other than ``fake.token``), ``GET /oauth2/applications/@me``,
+  ``GET /gateway``, ``GET /gateway/bot`` (used by ``AutoShardedClient``);
+- ``GET /channels/{id}`` for the guild text channel, the thread and every DM channel a helper
+  created; 404 ``Unknown Channel`` otherwise;
+- ``POST /channels/{id}/messages`` answers a message authored by the bot;
+  ``POST /channels/{id}/typing`` answers 204.
+
+Every JSON answer carries ``Content-Type: application/json`` exactly (discord.py ignores bodies
+with a charset suffix). Anything else is a 404 with a Discord-shaped error body, and is recorded.
+
+Gateway at ``/gw`` and ``/gw/``: HELLO → (client) IDENTIFY → READY (bot user, session id,
+``resume_gateway_url``, the guild as unavailable, and ``shard`` echoed from IDENTIFY) →
+GUILD_CREATE (a guild with a text channel, a thread, the bot's managed role and the bot member)
+→ queued dispatches in order. Heartbeats (op 1) are ACKed (op 11); a RESUME gets RESUMED.
+Frames are sent as plain text JSON (no zlib), which discord.py accepts.
+
+Snowflakes are real-looking (18–19 digits, time based): discord.py's mention parsing needs 17+.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Self, TypeAlias
+
+from aiohttp import WSMsgType, web
+
+__all__ = ["DISCORD_EPOCH_MS", "FakeDiscord", "RecordedCall", "snowflake"]
+
+JSON: TypeAlias = dict[str, Any]
+
+DISCORD_EPOCH_MS = 1_420_070_400_000
+API_PREFIX = "/api/v10"
+
+_OP_DISPATCH = 0
+_OP_HEARTBEAT = 1
+_OP_IDENTIFY = 2
+_OP_RESUME = 6
+_OP_HELLO = 10
+_OP_HEARTBEAT_ACK = 11
+
+_counter = itertools.count()
+
+
+def snowflake() -> str:
+    """A fresh, unique, time-based snowflake (19 digits in 2026)."""
+    ms = int(time.time() * 1000) - DISCORD_EPOCH_MS
+    return str((ms << 22) | (next(_counter) & 0x3FFFFF))
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    # Built by hand: web.json_response adds "; charset=utf-8", which discord.py rejects.
+    return web.Response(
+        status=status, body=json.dumps(data).encode(), headers={"Content-Type": "application/json"}
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedCall:
+    """One REST request: ``path`` is relative to the API root (``/channels/1/messages``)."""
+
+    method: str
+    path: str
+    json: Any = None
+    query: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class FakeDiscord:
+    """A scriptable fake of Discord's REST API and gateway; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        token: str = "fake-bot-token",
+        bot_name: str = "gatehouse",
+        heartbeat_interval_ms: int = 45_000,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self.token = token
+        self.host = host
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.bot_id = snowflake()
+        self.bot_name = bot_name
+        self.app_id = self.bot_id
+        self.owner_id = snowflake()
+        self.guild_id = snowflake()
+        self.text_channel_id = snowflake()
+        self.thread_id = snowflake()
+        self.bot_role_id = snowflake()
+        self.everyone_role_id = self.guild_id
+        self.alice = self.user(snowflake(), "alice", global_name="Alice A.")
+        self.bob = self.user(snowflake(), "bob")
+        self.other_bot = self.user(snowflake(), "otherbot", bot=True)
+        self.bot_user = self.user(self.bot_id, bot_name, bot=True)
+        self.dm_channels: dict[str, JSON] = {}
+        """DM channel id -> channel payload (created by ``dm_message``)."""
+
+        self.calls: list[RecordedCall] = []
+        self.sent_messages: list[JSON] = []
+        """Payloads of the messages the fake answered ``POST /channels/{id}/messages`` with."""
+        self.identifies: list[JSON] = []
+        self.gateway_frames: list[JSON] = []
+        """Every frame the client sent on the gateway (heartbeats included)."""
+        self.connections = 0
+        """Gateway websockets currently open."""
+
+        self._cond = asyncio.Condition()
+        self._outbox: asyncio.Queue[tuple[str, JSON]] = asyncio.Queue()
+        self._sockets: set[web.WebSocketResponse] = set()
+        self._runner: web.AppRunner | None = None
+        self._port: int | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/gw", self._handle_gateway)
+        app.router.add_get("/gw/", self._handle_gateway)
+        app.router.add_route("*", API_PREFIX + "/{tail:.*}", self._handle_rest)
+        self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, 0)
+        await site.start()
+        server = site._server
+        assert server is not None
+        self._port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        for ws in list(self._sockets):
+            with contextlib.suppress(Exception):
+                await ws.close(code=1001, message=b"fake stopping")
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("FakeDiscord is not started")
+        return self._port
+
+    @property
+    def api_base_url(self) -> str:
+        """``http://127.0.0.1:PORT/api/v10`` — the value for ``discord.http.Route.BASE``."""
+        return f"http://{self.host}:{self.port}{API_PREFIX}"
+
+    @property
+    def gateway_url(self) -> str:
+        """``ws://127.0.0.1:PORT/gw/`` — the value for ``DiscordWebSocket.DEFAULT_GATEWAY``."""
+        return f"ws://{self.host}:{self.port}/gw/"
+
+    # -- waiting ------------------------------------------------------------------------------
+
+    async def _wait(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:  # noqa: ASYNC109
+        try:
+            async with asyncio.timeout(timeout), self._cond:
+                await self._cond.wait_for(predicate)
+        except TimeoutError:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}") from None
+
+    def calls_to(self, method: str, path_prefix: str) -> list[RecordedCall]:
+        return [
+            c for c in self.calls if c.method == method.upper() and c.path.startswith(path_prefix)
+        ]
+
+    async def wait_for_call(
+        self,
+        method: str,
+        path_prefix: str,
+        n: int = 1,
+        timeout: float = 5.0,  # noqa: ASYNC109
+    ) -> list[RecordedCall]:
+        """Wait until ``n`` calls matching ``method`` and ``path_prefix`` arrived; return them all."""
+        await self._wait(
+            lambda: len(self.calls_to(method, path_prefix)) >= n,
+            timeout,
+            f"{n} {method} {path_prefix} call(s) (got {len(self.calls_to(method, path_prefix))})",
+        )
+        return self.calls_to(method, path_prefix)
+
+    async def wait_for_disconnect(self, timeout: float = 5.0) -> None:  # noqa: ASYNC109
+        """Wait until no gateway websocket is open."""
+        await self._wait(lambda: self.connections == 0, timeout, "the gateway to disconnect")
+
+    async def _notify(self) -> None:
+        async with self._cond:
+            self._cond.notify_all()
+
+    # -- payload builders ---------------------------------------------------------------------
+
+    @staticmethod
+    def user(
+        user_id: str, username: str, *, global_name: str | None = None, bot: bool = False
+    ) -> JSON:
+        data: JSON = {
+            "id": user_id,
+            "username": username,
+            "global_name": global_name,
+            "discriminator": "0",
+            "avatar": None,
+            "public_flags": 0,
+        }
+        if bot:
+            data["bot"] = True
+        return data
+
+    def member(
+        self, user: JSON, *, nick: str | None = None, roles: list[str] | None = None
+    ) -> JSON:
+        return {
+            "user": user,
+            "nick": nick,
+            "roles": roles or [],
+            "joined_at": "2024-01-01T00:00:00+00:00",
+            "deaf": False,
+            "mute": False,
+            "flags": 0,
+        }
+
+    def text_channel(self) -> JSON:
+        return {
+            "id": self.text_channel_id,
+            "type": 0,
+            "guild_id": self.guild_id,
+            "name": "general",
+            "position": 0,
+            "permission_overwrites": [],
+            "nsfw": False,
+            "parent_id": None,
+            "topic": None,
+            "last_message_id": None,
+            "rate_limit_per_user": 0,
+        }
+
+    def thread(self) -> JSON:
+        return {
+            "id": self.thread_id,
+            "type": 11,
+            "guild_id": self.guild_id,
+            "parent_id": self.text_channel_id,
+            "owner_id": self.alice["id"],
+            "name": "a thread",
+            "last_message_id": None,
+            "rate_limit_per_user": 0,
+            "message_count": 0,
+            "member_count": 2,
+            "flags": 0,
+            "thread_metadata": {
+                "archived": False,
+                "auto_archive_duration": 1440,
+                "archive_timestamp": "2024-01-01T00:00:00+00:00",
+                "locked": False,
+            },
+        }
+
+    def guild(self) -> JSON:
+        everyone = {
+            "id": self.everyone_role_id,
+            "name": "@everyone",
+            "color": 0,
+            "hoist": False,
+            "position": 0,
+            "permissions": "1071698660929",
+            "managed": False,
+            "mentionable": False,
+            "flags": 0,
+        }
+        bot_role = {
+            **everyone,
+            "id": self.bot_role_id,
+            "name": self.bot_name,
+            "position": 1,
+            "managed": True,
+            "tags": {"bot_id": self.bot_id},
+        }
+        return {
+            "id": self.guild_id,
+            "name": "Fake Guild",
+            "icon": None,
+            "owner_id": self.owner_id,
+            "unavailable": False,
+            "member_count": 3,
+            "large": False,
+            "features": [],
+            "roles": [everyone, bot_role],
+            "emojis": [],
+            "stickers": [],
+            "channels": [self.text_channel()],
+            "threads": [self.thread()],
+            "members": [self.member(self.bot_user, roles=[self.bot_role_id])],
+            "voice_states": [],
+            "presences": [],
+            "stage_instances": [],
+            "guild_scheduled_events": [],
+            "soundboard_sounds": [],
+            "joined_at": "2024-01-01T00:00:00+00:00",
+            "premium_tier": 0,
+            "preferred_locale": "en-US",
+            "verification_level": 0,
+            "default_message_notifications": 0,
+            "explicit_content_filter": 0,
+            "mfa_level": 0,
+            "nsfw_level": 0,
+            "system_channel_flags": 0,
+        }
+
+    def _partial_member(self, user_id: str) -> JSON:
+        member = self.member({}, roles=[self.bot_role_id] if user_id == self.bot_id else [])
+        member.pop("user")
+        return member
+
+    def message(
+        self,
+        content: str,
+        *,
+        channel_id: str,
+        author: JSON,
+        guild: bool,
+        mentions: Sequence[JSON] = (),
+        mention_roles: Sequence[str] = (),
+        referenced: JSON | None = None,
+        attachments: Sequence[JSON] = (),
+        type_: int | None = None,
+    ) -> JSON:
+        """A MESSAGE_CREATE payload (also the shape of a REST message)."""
+        data: JSON = {
+            "id": snowflake(),
+            "channel_id": channel_id,
+            "author": author,
+            "content": content,
+            "timestamp": _now_iso(),
+            "edited_timestamp": None,
+            "tts": False,
+            "mention_everyone": False,
+            "mentions": [
+                {**m, "member": self._partial_member(m["id"])} if guild else dict(m)
+                for m in mentions
+            ],
+            "mention_roles": list(mention_roles),
+            "attachments": list(attachments),
+            "embeds": [],
+            "pinned": False,
+            "type": type_ if type_ is not None else (19 if referenced else 0),
+            "flags": 0,
+            "components": [],
+        }
+        if guild:
+            data["guild_id"] = self.guild_id
+            data["member"] = self._partial_member(author["id"])
+        if referenced is not None:
+            data["message_reference"] = {
+                "type": 0,
+                "message_id": referenced["id"],
+                "channel_id": referenced["channel_id"],
+                **({"guild_id": self.guild_id} if guild else {}),
+            }
+            data["referenced_message"] = referenced
+        return data
+
+    # -- dispatch helpers ---------------------------------------------------------------------
+
+    def dispatch(self, event: str, data: JSON) -> JSON:
+        """Queue a gateway dispatch; sent in order once a session is READY. Returns ``data``."""
+        self._outbox.put_nowait((event, data))
+        return data
+
+    def dm_message(self, text: str, *, author: JSON | None = None, **kw: Any) -> JSON:
+        """A direct message to the bot; the DM channel is created (and served) on first use."""
+        author = author or self.alice
+        channel_id = next(
+            (
+                cid
+                for cid, ch in self.dm_channels.items()
+                if ch["recipients"][0]["id"] == author["id"]
+            ),
+            None,
+        )
+        if channel_id is None:
+            channel_id = snowflake()
+            self.dm_channels[channel_id] = {
+                "id": channel_id,
+                "type": 1,
+                "recipients": [author],
+                "last_message_id": None,
+            }
+        return self.dispatch(
+            "MESSAGE_CREATE",
+            self.message(text, channel_id=channel_id, author=author, guild=False, **kw),
+        )
+
+    def guild_message(
+        self,
+        text: str,
+        *,
+        mention: bool = False,
+        author: JSON | None = None,
+        channel_id: str | None = None,
+        **kw: Any,
+    ) -> JSON:
+        """A message in the guild text channel; ``mention=True`` prefixes ``<@bot>``."""
+        if mention:
+            text = f"<@{self.bot_id}> {text}"
+            kw["mentions"] = [*kw.get("mentions", []), self.bot_user]
+        return self.dispatch(
+            "MESSAGE_CREATE",
+            self.message(
+                text,
+                channel_id=channel_id or self.text_channel_id,
+                author=author or self.alice,
+                guild=True,
+                **kw,
+            ),
+        )
+
+    def role_mention_message(self, text: str, *, author: JSON | None = None) -> JSON:
+        """A guild message mentioning the bot's managed role (``<@&role>``)."""
+        return self.guild_message(
+            f"<@&{self.bot_role_id}> {text}", author=author, mention_roles=[self.bot_role_id]
+        )
+
+    def bot_message_payload(self, text: str, *, channel_id: str | None = None) -> JSON:
+        """A message the bot wrote earlier (not dispatched), e.g. to reply to."""
+        return self.message(
+            text, channel_id=channel_id or self.text_channel_id, author=self.bot_user, guild=True
+        )
+
+    def reply_to_bot(self, text: str, *, author: JSON | None = None) -> JSON:
+        """A guild reply (type 19) to an earlier bot message, without an explicit mention."""
+        earlier = self.bot_message_payload("an earlier answer")
+        return self.guild_message(text, author=author, referenced=earlier)
+
+    def thread_message(
+        self, text: str, *, mention: bool = False, author: JSON | None = None
+    ) -> JSON:
+        """A message in the guild thread (whose parent is the text channel)."""
+        return self.guild_message(text, mention=mention, author=author, channel_id=self.thread_id)
+
+    def own_message(self, text: str) -> JSON:
+        """A message authored by the bot itself (a client must ignore it)."""
+        return self.guild_message(text, author=self.bot_user)
+
+    # -- REST ---------------------------------------------------------------------------------
+
+    async def _handle_rest(self, request: web.Request) -> web.StreamResponse:
+        path = "/" + request.match_info["tail"]
+        body: Any = None
+        raw = await request.read()
+        if raw:
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                body = raw.decode(errors="replace")
+        call = RecordedCall(
+            method=request.method,
+            path=path,
+            json=body,
+            query=dict(request.query),
+            headers={k.lower(): v for k, v in request.headers.items()},
+        )
+        response = self._answer(call)
+        async with self._cond:
+            self.calls.append(call)
+            self._cond.notify_all()
+        return response
+
+    def _answer(self, call: RecordedCall) -> web.Response:
+        parts = call.path.strip("/").split("/")
+        method = call.method
+        if call.headers.get("authorization") != f"Bot {self.token}":
+            return _json({"message": "401: Unauthorized", "code": 0}, 401)
+        if method == "GET" and parts == ["users", "@me"]:
+            return _json(self.bot_user)
+        if method == "GET" and parts == ["oauth2", "applications", "@me"]:
+            return _json(
+                {
+                    "id": self.app_id,
+                    "name": self.bot_name,
+                    "description": "",
+                    "icon": None,
+                    "bot_public": True,
+                    "bot_require_code_grant": False,
+                    "owner": self.user(self.owner_id, "owner"),
+                    "verify_key": "0" * 64,
+                    "flags": 0,
+                }
+            )
+        if method == "GET" and parts == ["gateway"]:
+            return _json({"url": self.gateway_url.rstrip("/")})
+        if method == "GET" and parts == ["gateway", "bot"]:
+            return _json(
+                {
+                    "url": self.gateway_url.rstrip("/"),
+                    "shards": 1,
+                    "session_start_limit": {
+                        "total": 1000,
+                        "remaining": 999,
+                        "reset_after": 0,
+                        "max_concurrency": 1,
+                    },
+                }
+            )
+        if len(parts) >= 2 and parts[0] == "channels":
+            channel_id = parts[1]
+            channel = self._channel(channel_id)
+            if channel is None:
+                return _json({"message": "Unknown Channel", "code": 10003}, 404)
+            if method == "GET" and len(parts) == 2:
+                return _json(channel)
+            if method == "POST" and parts[2:] == ["typing"]:
+                return web.Response(status=204)
+            if method == "POST" and parts[2:] == ["messages"] and isinstance(call.json, dict):
+                sent = self.message(
+                    call.json.get("content") or "",
+                    channel_id=channel_id,
+                    author=self.bot_user,
+                    guild="guild_id" in channel,
+                )
+                if call.json.get("message_reference"):
+                    ref = dict(call.json["message_reference"])
+                    sent["message_reference"] = {**ref, "type": 0}
+                    sent["type"] = 19
+                self.sent_messages.append(sent)
+                return _json(sent)
+        return _json({"message": "404: Not Found", "code": 0}, 404)
+
+    def _channel(self, channel_id: str) -> JSON | None:
+        if channel_id == self.text_channel_id:
+            return self.text_channel()
+        if channel_id == self.thread_id:
+            return self.thread()
+        return self.dm_channels.get(channel_id)
+
+    # -- gateway ------------------------------------------------------------------------------
+
+    async def _handle_gateway(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        self._sockets.add(ws)
+        self.connections += 1
+        await self._notify()
+        seq = itertools.count(1)
+        pump: asyncio.Task[None] | None = None
+
+        async def send_dispatch(event: str, data: JSON) -> None:
+            await ws.send_str(
+                json.dumps({"op": _OP_DISPATCH, "t": event, "s": next(seq), "d": data})
+            )
+
+        async def pump_outbox() -> None:
+            while True:
+                event, data = await self._outbox.get()
+                await send_dispatch(event, data)
+
+        try:
+            await ws.send_str(
+                json.dumps(
+                    {
+                        "op": _OP_HELLO,
+                        "d": {"heartbeat_interval": self.heartbeat_interval_ms},
+                        "s": None,
+                        "t": None,
+                    }
+                )
+            )
+            async for msg in ws:
+                if msg.type != WSMsgType.TEXT:
+                    continue
+                frame = json.loads(msg.data)
+                async with self._cond:
+                    self.gateway_frames.append(frame)
+                    self._cond.notify_all()
+                op = frame.get("op")
+                if op == _OP_HEARTBEAT:
+                    await ws.send_str(json.dumps({"op": _OP_HEARTBEAT_ACK, "d": None}))
+                elif op == _OP_IDENTIFY:
+                    identify = frame.get("d") or {}
+                    async with self._cond:
+                        self.identifies.append(identify)
+                        self._cond.notify_all()
+                    ready: JSON = {
+                        "v": 10,
+                        "user": self.bot_user,
+                        "guilds": [{"id": self.guild_id, "unavailable": True}],
+                        "session_id": f"fake-session-{snowflake()}",
+                        "resume_gateway_url": self.gateway_url,
+                        "application": {"id": self.app_id, "flags": 0},
+                        "private_channels": [],
+                        "relationships": [],
+                    }
+                    if "shard" in identify:
+                        ready["shard"] = identify["shard"]
+                    await send_dispatch("READY", ready)
+                    await send_dispatch("GUILD_CREATE", self.guild())
+                    if pump is None:
+                        pump = asyncio.create_task(pump_outbox())
+                elif op == _OP_RESUME:
+                    await send_dispatch("RESUMED", {})
+                    if pump is None:
+                        pump = asyncio.create_task(pump_outbox())
+        finally:
+            if pump is not None:
+                pump.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pump
+            self._sockets.discard(ws)
+            self.connections -= 1
+            await self._notify()
+        return ws
