@@ -15,6 +15,7 @@ DISCORD_LIMIT = 2_000
 SLACK_LIMIT = 4_000
 
 _FENCE = re.compile(r"^(\s*)(```|~~~)(.*)$")
+_TAG = re.compile(r"[\w+#.-]{0,20}")
 
 
 def _break_at(text: str, limit: int) -> int:
@@ -27,6 +28,24 @@ def _break_at(text: str, limit: int) -> int:
         if at > limit // 3:
             return at + len(sep)
     return limit
+
+
+def _next_fence_state(fence: str | None, line: str) -> str | None:
+    """Track fenced code the CommonMark way: an opening fence's info string has no backtick, a
+    closing fence has nothing after its marker. Returns the open fence to re-open with (marker
+    plus a short language tag), or None outside code."""
+    match = _FENCE.match(line)
+    if match is None:
+        return fence
+    marker, info = match.group(2), match.group(3).strip()
+    if fence is None:
+        if marker == "```" and "`" in info:
+            return None
+        tag = _TAG.match(info)
+        return marker + (tag.group(0) if tag else "")
+    if fence.startswith(marker) and not info:
+        return None
+    return fence
 
 
 def chunk_text(text: str, limit: int) -> list[str]:
@@ -49,9 +68,7 @@ def chunk_text(text: str, limit: int) -> list[str]:
         rest = rest[end:]
         fence = open_fence
         for line in body.split("\n"):
-            match = _FENCE.match(line)
-            if match:
-                fence = None if fence else (match.group(2) + match.group(3)).strip()
+            fence = _next_fence_state(fence, line)
         chunk = prefix + body.rstrip("\n")
         if fence and rest:
             chunk += "\n" + fence[:3]

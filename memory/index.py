@@ -1,11 +1,13 @@
 """Full-text search over the workspace's Markdown (`memory_search`).
 
-SQLite FTS5 with the `trigram` tokenizer: Chinese and Japanese have no spaces between words, so
-a word-splitting tokenizer would index whole sentences as one token; trigrams make any substring
-of three or more characters findable in any script, ranked by BM25. Terms shorter than three
-characters (two-character Chinese words such as 会议, or "go") cannot use a trigram index, so a
-query containing one is answered by a scan of the chunk text with the same BM25 formula computed
-in Python; at tens of thousands of chunks that is still a few milliseconds.
+SQLite FTS5 with the `trigram` tokenizer: Chinese and Japanese have no spaces between words, so a
+word-splitting tokenizer would index whole sentences as one token; trigrams make any substring of
+three or more characters findable in any script, ranked by BM25. A trigram index cannot answer a
+shorter term (two-character Chinese words such as 会议, or "go"), so each chunk also carries a
+second column of short tokens: every CJK character pair and every one- or two-character word,
+space-delimited. The query ` 会议 ` is three characters, so it hits that column through the same
+trigram index, and one BM25 ranks both kinds of term together. Only terms neither column can
+express (a single CJK character, "C#") fall back to a substring scan scored with the same formula.
 
 The index is derived data. `refresh()` follows the files incrementally: a file is re-read only
 when its size or mtime changed, re-chunked only when its SHA-256 changed, and dropped when it
@@ -43,6 +45,8 @@ MAX_TERMS = 16
 MAX_TERM_CHARS = 100
 MAX_LIMIT = 50
 SNIPPET_CHARS = 240
+MAX_FILE_BYTES = 16 * 1024 * 1024
+"""Bigger files are not notes (a pasted log, a dump); indexing them would stall a refresh."""
 RACY_NS = 2_000_000_000
 """A file modified this recently may change again within the same mtime tick without changing
 size; its stat is not trusted, so the next refresh re-hashes it (git's "racy clean" rule)."""
@@ -50,6 +54,14 @@ size; its stat is not trusted, so the next refresh re-hashes it (git's "racy cle
 K1 = 1.2  # FTS5's bm25() defaults, so scan scores and index scores share one scale
 B = 0.75
 
+_CJK = (
+    "[\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af"
+    "\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f]"
+)
+_SHORT_TOKENS = re.compile(f"({_CJK}+)|((?:(?!{_CJK})[^\\W_])+)")
+_CJK_PAIR = re.compile(f"{_CJK}{{2}}")
+_SHORT_WORD = re.compile(f"(?:(?!{_CJK})[^\\W_]){{1,2}}")
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 _HEADING = re.compile(r"^#{1,6}\s")
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _EDGE_PUNCT = "\"'`“”‘’«»„,.;:!?()[]{}<>，。；：！？、（）「」『』【】《》"
@@ -66,24 +78,24 @@ CREATE TABLE IF NOT EXISTS chunks(
     path TEXT NOT NULL,
     start_line INTEGER NOT NULL,
     end_line INTEGER NOT NULL,
-    text TEXT NOT NULL,
-    folded TEXT NOT NULL
+    body TEXT NOT NULL,
+    short TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS chunks_by_path ON chunks(path);
 CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(
-    text, content='chunks', content_rowid='id', tokenize='trigram'
+    body, short, content='chunks', content_rowid='id', tokenize='trigram'
 );
 CREATE TABLE IF NOT EXISTS transcripts(
     id INTEGER PRIMARY KEY,
     session_key TEXT NOT NULL,
     first_seq INTEGER NOT NULL,
     last_seq INTEGER NOT NULL,
-    text TEXT NOT NULL,
-    folded TEXT NOT NULL
+    body TEXT NOT NULL,
+    short TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS transcripts_by_range ON transcripts(session_key, first_seq, last_seq);
 CREATE VIRTUAL TABLE IF NOT EXISTS transcripts_fts USING fts5(
-    text, content='transcripts', content_rowid='id', tokenize='trigram'
+    body, short, content='transcripts', content_rowid='id', tokenize='trigram'
 );
 """
 _TABLES = ("chunks_fts", "chunks", "files", "transcripts_fts", "transcripts")
@@ -127,8 +139,8 @@ class RefreshStats:
     files_hashed: int  # stat changed (or was too recent to trust): content read and hashed
     files_changed: int  # content changed: re-chunked
     files_removed: int
-    chunks_written: int
-    chunks_removed: int
+    chunks_written: int  # new or edited chunks put into the FTS index
+    chunks_removed: int  # chunks taken out of it (edited or deleted)
     seconds: float
 
 
@@ -215,8 +227,7 @@ def _pack(lines: list[str], s: int, e: int, max_chars: int) -> list[Chunk]:
             group = (ps, pe)
         else:  # one enormous line
             out.extend(
-                Chunk(ps + 1, pe, piece[k : k + max_chars])
-                for k in range(0, len(piece), max_chars)
+                Chunk(ps + 1, pe, piece[k : k + max_chars]) for k in range(0, len(piece), max_chars)
             )
     if group is not None:
         out.append(Chunk(group[0] + 1, group[1], "\n".join(lines[group[0] : group[1]])))
@@ -241,8 +252,32 @@ def query_terms(query: str) -> list[str]:
     return terms
 
 
+def short_tokens(text: str) -> str:
+    """The `short` column: CJK character pairs and 1-2 character words, space-delimited.
+
+    Leading and trailing spaces make every token a 3+ character phrase (` go `, ` 会议 `) that
+    the trigram index can find, and only as a whole token: ` go ` does not match "going".
+    """
+    tokens: list[str] = []
+    for cjk, word in _SHORT_TOKENS.findall(text.lower()):
+        if cjk:
+            tokens.extend(cjk[i : i + 2] for i in range(len(cjk) - 1))
+        elif len(word) <= 2:
+            tokens.append(word)
+    return f" {' '.join(tokens)} " if tokens else ""
+
+
 def _fts_string(term: str) -> str:
     return '"' + term.replace('"', '""') + '"'
+
+
+def _fts_term(term: str) -> str | None:
+    """The FTS5 expression for one term, or None when only a scan can answer it."""
+    if len(term) >= MIN_TRIGRAM:
+        return f"body : {_fts_string(term)}"
+    if _CJK_PAIR.fullmatch(term) or _SHORT_WORD.fullmatch(term):
+        return f"short : {_fts_string(' ' + term.lower() + ' ')}"
+    return None
 
 
 def make_snippet(text: str, terms: Sequence[str], width: int = SNIPPET_CHARS) -> str:
@@ -338,43 +373,39 @@ class MemoryIndex:
             }
             seen: set[str] = set()
             now_ns = time.time_ns()
-            for rel, path, stat in scan_workspace(self.workspace, self._suffixes, self._exclude):
+            for found in scan_workspace(self.workspace, self._suffixes, self._exclude):
+                rel = found.rel
                 scanned += 1
+                if found.size > MAX_FILE_BYTES:
+                    continue  # not notes; dropped from the index below if it was there
                 old = known.get(rel)
-                if old is not None and old[0] == stat.st_size and old[1] == stat.st_mtime_ns:
+                if old is not None and old[0] == found.size and old[1] == found.mtime_ns:
                     seen.add(rel)
                     continue
                 try:
-                    data = path.read_bytes()
+                    with open(found.path, "rb") as handle:
+                        data = handle.read()
                 except OSError:
                     continue  # vanished since the scan: removed below
                 seen.add(rel)
                 hashed += 1
                 digest = hashlib.sha256(data).hexdigest()
-                size = -1 if now_ns - stat.st_mtime_ns < RACY_NS else stat.st_size
+                size = -1 if now_ns - found.mtime_ns < RACY_NS else found.size
                 conn.execute(
                     "INSERT INTO files(path, size, mtime_ns, sha256) VALUES (?, ?, ?, ?) "
                     "ON CONFLICT(path) DO UPDATE SET size=excluded.size, "
                     "mtime_ns=excluded.mtime_ns, sha256=excluded.sha256",
-                    (rel, size, stat.st_mtime_ns, digest),
+                    (rel, size, found.mtime_ns, digest),
                 )
                 if old is not None and old[2] == digest:
                     continue  # touched, not changed
                 changed += 1
-                dropped += self._drop_chunks(conn, rel)
                 chunks = chunk_markdown(data.decode("utf-8", errors="replace"))
-                conn.executemany(
-                    "INSERT INTO chunks(path, start_line, end_line, text, folded) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    [(rel, c.start_line, c.end_line, c.text, c.text.lower()) for c in chunks],
-                )
-                conn.execute(
-                    "INSERT INTO chunks_fts(rowid, text) SELECT id, text FROM chunks WHERE path = ?",
-                    (rel,),
-                )
-                written += len(chunks)
+                added, gone = self._sync_chunks(conn, rel, chunks)
+                written += added
+                dropped += gone
             for rel in known.keys() - seen:
-                dropped += self._drop_chunks(conn, rel)
+                dropped += self._sync_chunks(conn, rel, [])[1]
                 conn.execute("DELETE FROM files WHERE path = ?", (rel,))
                 removed += 1
         return RefreshStats(
@@ -382,13 +413,45 @@ class MemoryIndex:
         )
 
     @staticmethod
-    def _drop_chunks(conn: sqlite3.Connection, rel: str) -> int:
-        conn.execute(
-            "INSERT INTO chunks_fts(chunks_fts, rowid, text) "
-            "SELECT 'delete', id, text FROM chunks WHERE path = ?",
-            (rel,),
+    def _sync_chunks(conn: sqlite3.Connection, rel: str, chunks: list[Chunk]) -> tuple[int, int]:
+        """Make the file's chunks equal `chunks`, touching the FTS index only where text changed.
+
+        An appended entry adds one chunk; a hand edit replaces the edited chunk and merely
+        renumbers the lines of the chunks after it. Returns (chunks added, chunks removed).
+        """
+        reusable: dict[str, list[tuple[int, int, int]]] = {}
+        for rowid, start, end, body in conn.execute(
+            "SELECT id, start_line, end_line, body FROM chunks WHERE path = ? ORDER BY id", (rel,)
+        ):
+            reusable.setdefault(str(body), []).append((int(rowid), int(start), int(end)))
+        fresh: list[Chunk] = []
+        moved: list[tuple[int, int, int]] = []
+        for chunk in chunks:
+            bucket = reusable.get(chunk.text)
+            if not bucket:
+                fresh.append(chunk)
+                continue
+            rowid, start, end = bucket.pop(0)
+            if (start, end) != (chunk.start_line, chunk.end_line):
+                moved.append((chunk.start_line, chunk.end_line, rowid))
+        stale = [(rowid,) for bucket in reusable.values() for rowid, _, _ in bucket]
+        conn.executemany(
+            "INSERT INTO chunks_fts(chunks_fts, rowid, body, short) "
+            "SELECT 'delete', id, body, short FROM chunks WHERE id = ?",
+            stale,
         )
-        return conn.execute("DELETE FROM chunks WHERE path = ?", (rel,)).rowcount
+        conn.executemany("DELETE FROM chunks WHERE id = ?", stale)
+        conn.executemany("UPDATE chunks SET start_line = ?, end_line = ? WHERE id = ?", moved)
+        rows: list[tuple[int, str, str]] = []
+        for chunk in fresh:
+            short = short_tokens(chunk.text)
+            cursor = conn.execute(
+                "INSERT INTO chunks(path, start_line, end_line, body, short) VALUES (?, ?, ?, ?, ?)",
+                (rel, chunk.start_line, chunk.end_line, chunk.text, short),
+            )
+            rows.append((int(cursor.lastrowid or 0), chunk.text, short))
+        conn.executemany("INSERT INTO chunks_fts(rowid, body, short) VALUES (?, ?, ?)", rows)
+        return len(fresh), len(stale)
 
     def reindex(self) -> RefreshStats:
         """Forget the notes index and build it again from the files (transcripts are kept)."""
@@ -413,19 +476,19 @@ class MemoryIndex:
         with self._lock, self._transaction() as conn:
             where = "session_key = ? AND first_seq = ? AND last_seq = ?"
             conn.execute(
-                "INSERT INTO transcripts_fts(transcripts_fts, rowid, text) "
-                f"SELECT 'delete', id, text FROM transcripts WHERE {where}",
+                "INSERT INTO transcripts_fts(transcripts_fts, rowid, body, short) "
+                f"SELECT 'delete', id, body, short FROM transcripts WHERE {where}",
                 key,
             )
             conn.execute(f"DELETE FROM transcripts WHERE {where}", key)
             conn.executemany(
-                "INSERT INTO transcripts(session_key, first_seq, last_seq, text, folded) "
+                "INSERT INTO transcripts(session_key, first_seq, last_seq, body, short) "
                 "VALUES (?, ?, ?, ?, ?)",
-                [(*key, c.text, c.text.lower()) for c in chunks],
+                [(*key, c.text, short_tokens(c.text)) for c in chunks],
             )
             conn.execute(
-                "INSERT INTO transcripts_fts(rowid, text) "
-                f"SELECT id, text FROM transcripts WHERE {where}",
+                "INSERT INTO transcripts_fts(rowid, body, short) "
+                f"SELECT id, body, short FROM transcripts WHERE {where}",
                 key,
             )
         return len(chunks)
@@ -444,49 +507,58 @@ class MemoryIndex:
             ["notes", "transcripts"] if corpus == "all" else [corpus]
         )
         with self._lock:
-            ranked = [
-                (table, item) for table in tables for item in self._rank(table, terms, limit)
-            ]
+            ranked = [(table, item) for table in tables for item in self._rank(table, terms, limit)]
             ranked.sort(key=lambda pair: (pair[1].tier, -pair[1].score))
             return self._hits(ranked[:limit], terms)
 
     def _rank(self, table: str, terms: list[str], limit: int) -> list[_Ranked]:
-        if any(len(term) < MIN_TRIGRAM for term in terms):
+        """All-term matches by BM25, then (if too few) any-term matches by BM25."""
+        parts = [_fts_term(term) for term in terms]
+        if None in parts:
             return self._rank_scan(table, terms, limit)
         fts = "chunks_fts" if table == "notes" else "transcripts_fts"
-        sql = f"SELECT rowid, rank FROM {fts} WHERE {fts} MATCH ? ORDER BY rank LIMIT ?"
-        quoted = [_fts_string(term) for term in terms]
+        # bm25() in ORDER BY is markedly faster than FTS5's `rank` column here.
+        sql = (
+            f"SELECT rowid, bm25({fts}) AS score FROM {fts} WHERE {fts} MATCH ? "
+            "ORDER BY score LIMIT ?"
+        )
+        exprs = [part for part in parts if part is not None]
         out = [
             _Ranked(0, -float(score), int(rowid))
-            for rowid, score in self._conn.execute(sql, (" AND ".join(quoted), limit))
+            for rowid, score in self._conn.execute(sql, (" AND ".join(exprs), limit))
         ]
-        if len(out) < limit and len(terms) > 1:
+        if len(out) < limit and len(exprs) > 1:
             have = {item.rowid for item in out}
-            for rowid, score in self._conn.execute(sql, (" OR ".join(quoted), limit + len(out))):
+            for rowid, score in self._conn.execute(sql, (" OR ".join(exprs), limit + len(out))):
                 if int(rowid) not in have and len(out) < limit:
                     out.append(_Ranked(1, -float(score), int(rowid)))
         return out
 
     def _stats(self, table: str) -> tuple[int, float]:
-        """(rows, average folded length) for BM25 in the scan path; cached until a write."""
+        """(rows, average length) for BM25 in the scan path; cached until the next write."""
         if table not in self._corpus_stats:
             name = "chunks" if table == "notes" else "transcripts"
             count, avg = self._conn.execute(
-                f"SELECT count(*), avg(length(folded)) FROM {name}"
+                f"SELECT count(*), avg(length(body)) FROM {name}"
             ).fetchone()
             self._corpus_stats[table] = (int(count), float(avg or 1.0))
         return self._corpus_stats[table]
 
     def _rank_scan(self, table: str, terms: list[str], limit: int) -> list[_Ranked]:
-        """BM25 by hand over a substring scan, for terms too short for the trigram index."""
+        """FTS5's BM25 formula by hand over a substring scan, for terms no index can answer.
+
+        Case-insensitive for ASCII only, like SQLite's lower(); rare enough not to matter.
+        """
         name = "chunks" if table == "notes" else "transcripts"
-        folded = [term.lower() for term in terms]
+        folded = [term.translate(_ASCII_LOWER) for term in terms]
         counts = ", ".join(
-            f"(length(folded) - length(replace(folded, ?, ''))) / {len(term)}" for term in folded
+            f"(length(low) - length(replace(low, ?, ''))) / {len(term)}" for term in folded
         )
-        where = " OR ".join("instr(folded, ?) > 0" for _ in folded)
+        where = " OR ".join("instr(low, ?) > 0" for _ in folded)
         rows = self._conn.execute(
-            f"SELECT id, length(folded), {counts} FROM {name} WHERE {where}", (*folded, *folded)
+            f"SELECT id, length(low), {counts} FROM "
+            f"(SELECT id, lower(body) AS low FROM {name}) WHERE {where}",
+            (*folded, *folded),
         ).fetchall()
         if not rows:
             return []
@@ -520,9 +592,9 @@ class MemoryIndex:
                 continue
             marks = ",".join("?" * len(ids))
             sql = (
-                f"SELECT id, path, start_line, end_line, text FROM chunks WHERE id IN ({marks})"
+                f"SELECT id, path, start_line, end_line, body FROM chunks WHERE id IN ({marks})"
                 if table == "notes"
-                else "SELECT id, session_key, first_seq, last_seq, text FROM transcripts "
+                else "SELECT id, session_key, first_seq, last_seq, body FROM transcripts "
                 f"WHERE id IN ({marks})"
             )
             for row in self._conn.execute(sql, ids):

@@ -27,7 +27,7 @@ MAX_READ_LINES = 400
 ATTRIBUTION = re.compile(r"^\s{0,3}##\s+\d{2}:\d{2}:\d{2}\s+·")
 """An entry heading: `## 14:03:12 · <session key>`."""
 
-_append_lock = threading.Lock()  # appends come from asyncio.to_thread workers
+_append_lock = threading.Lock()  # appends come from asyncio.to_thread workers (one process)
 
 
 class NoteError(ValueError):
@@ -93,9 +93,20 @@ def today_note_path(root: Path, tz: str, now: datetime | None = None) -> Path:
     return root / NOTES_DIR / f"{_local_now(tz, now):%Y-%m-%d}.md"
 
 
+def _clean(value: str) -> str:
+    """Text that can be written as UTF-8: tool arguments decoded from JSON may hold lone
+    surrogates, and a stray NUL would make the note look binary to editors."""
+    return (
+        value.encode("utf-8", errors="replace")
+        .decode("utf-8")
+        .replace("\x00", "")
+        .replace("\r\n", "\n")
+    )
+
+
 def _one_line(value: str) -> str:
     """Attribution must stay a single heading line whatever a session key contains."""
-    return " ".join(value.split())
+    return " ".join(_clean(value).split())
 
 
 def _escape_headings(text: str) -> str:
@@ -119,7 +130,7 @@ def append_note(
     `source` other than "agent" (e.g. "flush", "user") is added to the heading so a reader can
     tell an automatic pre-compaction flush from a deliberate write.
     """
-    body = _escape_headings(text.strip().replace("\r\n", "\n"))
+    body = _escape_headings(_clean(text).strip())
     if not body:
         raise NoteError("note text is empty; nothing to remember")
     if len(body) > MAX_ENTRY_CHARS:
@@ -132,7 +143,8 @@ def append_note(
     heading = f"## {local:%H:%M:%S} · {key}"
     if source and source != "agent":
         heading += f" · {_one_line(source)}"
-    target = resolve_in_workspace(root, f"{NOTES_DIR}/{local:%Y-%m-%d}.md", write=True)
+    relative = f"{NOTES_DIR}/{local:%Y-%m-%d}.md"
+    target = resolve_in_workspace(root, relative, write=True)
     with _append_lock:
         target.parent.mkdir(parents=True, exist_ok=True)
         existing = target.read_bytes() if target.exists() else b""
@@ -148,7 +160,7 @@ def append_note(
             handle.write(f"{prefix}\n{heading}\n{body}\n")  # one write: one O_APPEND chunk
     start = lines_before + 2  # a blank line, then the heading
     return NoteEntry(
-        path=relative_name(root, target),
+        path=relative,
         heading=heading,
         start_line=start,
         end_line=start + 1 + body.count("\n"),

@@ -79,6 +79,10 @@ def _parts(relative: str) -> list[str]:
         raise WorkspacePathError("path is empty; give a path relative to the workspace")
     if "\x00" in relative:
         raise WorkspacePathError("path contains a NUL byte")
+    try:
+        relative.encode("utf-8")
+    except UnicodeEncodeError:
+        raise WorkspacePathError("path is not valid Unicode text (lone surrogate)") from None
     if relative.startswith(("/", "\\")) or _WINDOWS_DRIVE.match(relative):
         raise WorkspacePathError(
             f"absolute paths are not allowed ({relative!r}); "
@@ -106,7 +110,10 @@ def resolve_in_workspace(root: Path, relative: str, *, write: bool = False) -> P
     """
     parts = _parts(relative)
     base = root.resolve()
-    target = base.joinpath(*parts).resolve()
+    try:
+        target = base.joinpath(*parts).resolve()
+    except (OSError, RuntimeError) as exc:  # symlink loop, name too long
+        raise WorkspacePathError(f"{relative!r} cannot be resolved: {exc}") from exc
     if not target.is_relative_to(base):
         raise WorkspacePathError(
             f"{relative!r} leads outside the workspace (through a symlink); not allowed"
@@ -118,7 +125,7 @@ def resolve_in_workspace(root: Path, relative: str, *, write: bool = False) -> P
                 f"{inside[0]} is read-only to the agent (people curate it); "
                 f"append to today's note under {NOTES_DIR}/ instead"
             )
-        notes = (base / NOTES_DIR).resolve()
+        notes = (base / NOTES_DIR).resolve()  # memory/ itself may be a symlink
         if not target.is_relative_to(notes) or target == notes:
             raise WorkspacePathError(
                 f"the agent may only write under {NOTES_DIR}/ ({relative!r} is not there)"
@@ -186,13 +193,14 @@ def scan_workspace(
                     continue
                 if not name.lower().endswith(wanted):
                     continue
-                if entry.is_symlink() and not Path(entry.path).resolve().is_relative_to(base):
-                    continue
-                if not entry.is_file():
-                    continue
+                if not entry.is_file(follow_symlinks=False):
+                    if not entry.is_symlink() or not entry.is_file():
+                        continue  # not a regular file, or a link to something else
+                    if not Path(entry.path).resolve().is_relative_to(base):
+                        continue  # a link out of the workspace
                 stat = entry.stat()
-            except OSError:
-                continue  # dangling link or vanished mid-scan
+            except (OSError, RuntimeError):
+                continue  # dangling link, link loop, or vanished mid-scan
             found.append(ScannedFile(prefix + name, entry.path, stat.st_size, stat.st_mtime_ns))
     found.sort(key=lambda item: item.rel)
     return found

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import re
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from channels.formatting import _FENCE, DISCORD_LIMIT, chunk_text
+from channels.formatting import DISCORD_LIMIT, chunk_text
 
 
 def test_short_text_is_one_chunk() -> None:
@@ -47,8 +49,10 @@ def test_chunks_fit_and_fences_balance(parts: list[str], limit: int) -> None:
     assert squash("\n".join(chunks)) == squash(text), "nothing lost, nothing invented"
 
 
+PURE_FENCE = re.compile(r"^\s*(```|~~~)[\w+#.-]{0,20}\s*$")
+
+
 def squash(text: str) -> str:
-    """Content without fence lines and whitespace (chunking may add or move those)."""
-    return "".join(
-        "".join(line.split()) for line in text.split("\n") if not _FENCE.match(line)
-    )
+    """Content without whitespace and bare fence lines: chunking closes a split fence and
+    re-opens it (with its language tag) in the next chunk."""
+    return "".join("".join(line.split()) for line in text.split("\n") if not PURE_FENCE.match(line))
