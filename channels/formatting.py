@@ -12,21 +12,39 @@ import re
 
 TELEGRAM_LIMIT = 4_096
 DISCORD_LIMIT = 2_000
+DISCORD_MAX_LINES = 17
 SLACK_LIMIT = 4_000
 
 _FENCE = re.compile(r"^(\s*)(```|~~~)(.*)$")
 _TAG = re.compile(r"[\w+#.-]{0,20}")
 
 
-def _break_at(text: str, limit: int) -> int:
-    """Best index <= limit to end a chunk at."""
+_SENTENCE_END = re.compile(r"[.!?。！？](?=\s)")
+
+
+def _break_at(text: str, limit: int, max_lines: int | None = None) -> int:
+    """Best index <= limit to end a chunk at: paragraph, line, sentence, then word boundary."""
+    if max_lines is not None:
+        nth = -1
+        for _ in range(max_lines):
+            nth = text.find("\n", nth + 1)
+            if nth < 0:
+                break
+        if 0 <= nth < limit:
+            limit = nth + 1
     if len(text) <= limit:
         return len(text)
     window = text[:limit]
-    for sep in ("\n\n", "\n", " "):
+    for sep in ("\n\n", "\n"):
         at = window.rfind(sep)
         if at > limit // 3:
             return at + len(sep)
+    ends = [m.end() for m in _SENTENCE_END.finditer(window)]
+    if ends and ends[-1] > limit // 3:
+        return ends[-1]
+    at = window.rfind(" ")
+    if at > limit // 3:
+        return at + 1
     return limit
 
 
@@ -48,8 +66,9 @@ def _next_fence_state(fence: str | None, line: str) -> str | None:
     return fence
 
 
-def chunk_text(text: str, limit: int) -> list[str]:
-    """Split `text` into chunks of at most `limit` characters, keeping code fences balanced."""
+def chunk_text(text: str, limit: int, max_lines: int | None = None) -> list[str]:
+    """Split `text` into chunks of at most `limit` characters (and `max_lines` lines, e.g.
+    Discord's 17), keeping code fences balanced."""
     if limit < 16:
         raise ValueError("limit must be at least 16 characters")
     text = text.strip("\n")
@@ -63,7 +82,8 @@ def chunk_text(text: str, limit: int) -> list[str]:
         room = limit - len(prefix)
         # Reserve space to close a fence that may still be open at the end of this chunk.
         close_room = room - 4
-        end = _break_at(rest, close_room if len(rest) > room else room)
+        lines_room = None if max_lines is None else max(1, max_lines - bool(prefix) - 1)
+        end = _break_at(rest, close_room if len(rest) > room else room, lines_room)
         body = rest[:end]
         rest = rest[end:]
         fence = open_fence

@@ -41,11 +41,16 @@ def test_code_fence_is_closed_and_reopened() -> None:
         max_size=30,
     ),
     limit=st.integers(40, 500),
+    max_lines=st.none() | st.integers(4, 20),
 )
-def test_chunks_fit_and_fences_balance(parts: list[str], limit: int) -> None:
-    text = "".join(parts)
-    chunks = chunk_text(text, limit)
+def test_chunks_fit_and_fences_balance(
+    parts: list[str], limit: int, max_lines: int | None
+) -> None:
+    text = "\n".join(parts)  # fences on their own lines, as in real replies
+    chunks = chunk_text(text, limit, max_lines)
     assert all(len(c) <= limit for c in chunks)
+    if max_lines is not None:
+        assert all(c.count("\n") + 1 <= max_lines for c in chunks)
     assert squash("\n".join(chunks)) == squash(text), "nothing lost, nothing invented"
 
 
@@ -56,3 +61,14 @@ def squash(text: str) -> str:
     """Content without whitespace and bare fence lines: chunking closes a split fence and
     re-opens it (with its language tag) in the next chunk."""
     return "".join("".join(line.split()) for line in text.split("\n") if not PURE_FENCE.match(line))
+
+
+def test_sentence_and_line_limits() -> None:
+    text = "One sentence here. Another one follows. " * 20
+    chunks = chunk_text(text, 100)
+    assert all(c.endswith(".") for c in chunks[:-1]), chunks[:2]
+    lines = "\n".join(f"line {i}" for i in range(40))
+    assert all(c.count("\n") + 1 <= 17 for c in chunk_text(lines, 2_000, max_lines=17))
+    code = "```\n" + "\n".join(f"x{i}" for i in range(40)) + "\n```"
+    for chunk in chunk_text(code, 2_000, max_lines=17):
+        assert chunk.count("\n") + 1 <= 17 and chunk.count("```") % 2 == 0
