@@ -595,24 +595,24 @@ def pairing_list(
     console.print(table)
 
 
-@pairing_app.command("approve")
-def pairing_approve(code: Annotated[str, typer.Argument(help="The 8-character code")]) -> None:
-    """Let the sender with this code talk to the agent."""
-    row = asyncio.run(_pairing(_config(), "approved", code))
+def _decide_pairing(code: str, status: str) -> None:
+    row = asyncio.run(_pairing(_config(), status, code))
     if row is None:
         err_console.print(f"no pending, unexpired pairing code {code!r}", highlight=False)
         raise typer.Exit(1)
-    console.print(f"approved {row.platform} user {escape(row.sender_name or row.sender_id)}")
+    console.print(f"{status} {row.platform} user {escape(row.sender_name or row.sender_id)}")
+
+
+@pairing_app.command("approve")
+def pairing_approve(code: Annotated[str, typer.Argument(help="The 8-character code")]) -> None:
+    """Let the sender with this code talk to the agent."""
+    _decide_pairing(code, "approved")
 
 
 @pairing_app.command("deny")
 def pairing_deny(code: Annotated[str, typer.Argument(help="The 8-character code")]) -> None:
     """Refuse the sender with this code."""
-    row = asyncio.run(_pairing(_config(), "denied", code))
-    if row is None:
-        err_console.print(f"no pending, unexpired pairing code {code!r}", highlight=False)
-        raise typer.Exit(1)
-    console.print(f"denied {row.platform} user {escape(row.sender_name or row.sender_id)}")
+    _decide_pairing(code, "denied")
 
 
 @app.command("config-check")
