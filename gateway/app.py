@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import replace
 
@@ -58,6 +59,8 @@ class Gateway:
         self.lanes = SessionLanes(self.runner.run_turn, config.gateway.max_concurrent_turns)
         self.access = AccessPolicy(config, self.store)
         self.runner.typing = self.typing
+        if config.memory.archive_transcripts:
+            self.runner.archive = self._archive_transcript
         self._started = False
 
     def add_channel(self, channel: Channel) -> None:
@@ -152,6 +155,9 @@ class Gateway:
                 answers=(msg.platform_message_id,) if msg.platform_message_id else (),
             )
         )
+
+    async def _archive_transcript(self, key: str, first: int, last: int, text: str) -> None:
+        await asyncio.to_thread(self.memory_index.add_transcript, key, first, last, text)
 
     async def typing(self, platform: str, chat_id: str, thread_id: str | None) -> None:
         channel = self.channels.get(platform)

@@ -227,6 +227,9 @@ class MemorySection(_Strict):
     post_compaction_sections: list[str] = Field(
         default_factory=lambda: ["Session Startup", "Red Lines"]
     )
+    archive_transcripts: bool = Field(
+        default=True, description="index compacted messages for memory_search corpus=transcripts"
+    )
 
 
 class ModelSection(_Strict):

@@ -21,7 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from channels.base import OutboundMessage
-from context.compaction import CompactionResult, CompactionSettings, SummaryCall
+from context.compaction import (
+    CompactionResult,
+    CompactionSettings,
+    SummaryCall,
+    render_transcript,
+)
 from context.engine import ContextEngine, ContextPlan, ContextSettings, TurnContext
 from context.pruning import cap_tool_output, tool_result_cap_chars
 from context.types import Message
@@ -38,6 +43,8 @@ log = logging.getLogger(__name__)
 
 Deliver = Callable[[OutboundMessage], Awaitable[None]]
 Typing = Callable[[str, str, str | None], Awaitable[None]]
+Archive = Callable[[str, int, int, str], Awaitable[None]]
+"""(session key, first seq, last seq, transcript text): keeps compacted text searchable."""
 TYPING_REFRESH_SECONDS = 5.0
 
 ERROR_STATUS = "error"
@@ -103,6 +110,7 @@ class Runner:
         self.summarize = summarize
         self.flush = flush
         self.typing: Typing | None = None
+        self.archive: Archive | None = None
         self.agents = AgentsFile(config.workspace / "AGENTS.md")
         self.on_turn: Callable[[TurnStats], None] | None = None
         self.last_plan: dict[str, ContextPlan] = {}
@@ -491,6 +499,17 @@ class Runner:
             cooldown_until=self._cooldown() if result.fallback else None,
         )
         self._histories.pop(session.id, None)
+        if self.archive is not None and result.last_seq is not None:
+            covered = [
+                m for m in [*turn.history, *turn.incoming]
+                if m.seq is not None and m.seq <= result.last_seq
+            ]
+            text = render_transcript(covered, 0)[0]
+            if text:
+                try:
+                    await self.archive(session_key, covered[0].seq or 0, result.last_seq, text)
+                except Exception:
+                    log.exception("could not archive the compacted transcript of %s", session_key)
         log.info(
             "compaction %s (%s): seq %s-%s, %d -> %d tokens, fallback=%s, quality passed=%s",
             session_key, reason, row.first_seq, row.last_seq, row.tokens_before,

@@ -194,3 +194,18 @@ async def test_agent_memory_tools_write_search_and_refuse_escapes(
     assert "db.internal:5432" in results[1]["content"]
     assert results[2]["content"].startswith("error")
     assert results[3]["content"].startswith("error")
+
+
+async def test_compacted_messages_stay_searchable_as_transcripts(make_config: MakeConfig) -> None:
+    async with FakeOpenAI(default=scripted) as fake:
+        rg = await start(make_config, fake, window=200_000)
+        try:
+            await rg.ask("the staging password rotation happens on Tuesdays")
+            for i in range(4):
+                await rg.ask(f"filler {i}")
+            [answer] = await rg.ask("/compact")
+            assert answer.startswith("Compacted")
+            hits = rg.gateway.memory_index.search("rotation Tuesdays", corpus="transcripts")
+            assert hits and hits[0].path == KEY
+        finally:
+            await rg.gateway.stop()
