@@ -23,6 +23,20 @@ proxies and tests. discord.py keeps them in **process-wide class attributes**
 (``discord.http.Route.BASE`` and ``discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY``), so every
 client in the process uses them; `start` sets them and `stop` restores the previous values.
 
+Outbound: Discord renders Markdown itself, so replies keep it. A reply is split into messages of
+at most 2,000 characters *and* 17 lines (longer messages collapse behind "read more" in the
+client), with code fences closed and re-opened across chunks. ``@everyone``/``@here`` in the text
+are defused with a zero-width space, on top of ``AllowedMentions.none()`` on every send. A 429
+is retried by discord.py itself (it sleeps ``retry_after``); should it give up (a 429 without
+``Via``, taken for a Cloudflare ban, or five in a row) `send` retries the chunk a bounded number
+of times. DM channels seen inbound are remembered (discord.py does not cache them), so a reply to
+a DM needs no extra ``GET /channels/{id}``.
+
+Malformed dispatches: discord.py's parsers raise on some (a MESSAGE_CREATE without ``author``
+kills ``Client.start`` outright), so every parser but READY's is wrapped to log and skip the
+event; ``content: null`` and unknown channels are normalized as usual; a message that still
+cannot be normalized is logged and skipped. The next good event is processed either way.
+
 The ``message_content`` intent is privileged: enable it for the bot in the Developer Portal, or
 guild messages arrive without text.
 """
@@ -33,6 +47,7 @@ import asyncio
 import contextlib
 import logging
 import re
+from collections import OrderedDict
 from typing import Any
 
 import discord
@@ -47,12 +62,24 @@ from channels.base import (
     InboundMessage,
     OutboundMessage,
 )
-from channels.formatting import DISCORD_LIMIT, chunk_text
+from channels.formatting import DISCORD_LIMIT, DISCORD_MAX_LINES, chunk_text
 from gateway.config import DiscordSettings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DiscordChannel", "discord_intents"]
+__all__ = ["DiscordChannel", "defuse_mass_mentions", "discord_intents"]
+
+SEND_ATTEMPTS = 3
+"""How often `send` tries one chunk when discord.py gives up on a 429."""
+MAX_RETRY_WAIT = 30.0
+DM_CACHE_SIZE = 1024
+
+_MASS_MENTION = re.compile(r"@(everyone|here)\b")
+
+
+def defuse_mass_mentions(text: str) -> str:
+    """``@everyone``/``@here`` with a zero-width space after the ``@``: shown, never a ping."""
+    return _MASS_MENTION.sub("@\u200b\\1", text)
 
 
 def discord_intents() -> discord.Intents:
@@ -108,6 +135,7 @@ class DiscordChannel:
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
         self._saved_endpoints: tuple[str, yarl.URL] | None = None
+        self._dm_channels: OrderedDict[int, discord.abc.Messageable] = OrderedDict()
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -135,6 +163,7 @@ class DiscordChannel:
         # discord.py dispatches "ready"/"message" to attributes named on_<event>.
         client.on_ready = self._on_ready  # type: ignore[attr-defined]
         client.on_message = self._on_message  # type: ignore[attr-defined]
+        _guard_parsers(client)
         return client
 
     def _apply_endpoints(self) -> None:
@@ -213,6 +242,7 @@ class DiscordChannel:
                     task.exception()  # retrieved, so asyncio does not warn about it
         finally:
             self._ready.clear()
+            self._dm_channels.clear()
             self._restore_endpoints()
 
     # -- inbound ------------------------------------------------------------------------------
@@ -224,9 +254,15 @@ class DiscordChannel:
         handler = self._handler
         if handler is None:
             return
-        inbound = self.normalize(message)
+        try:
+            inbound = self.normalize(message)
+        except Exception:
+            log.exception("discord: could not normalize message %s; skipped", message.id)
+            return
         if inbound is None:
             return
+        if inbound.chat_type == "direct" and isinstance(message.channel, discord.DMChannel):
+            self._remember_dm(message.channel)
         try:
             await handler(inbound)
         except Exception:
@@ -268,7 +304,7 @@ class DiscordChannel:
             if replied is not None and replied.author.id == me.id:
                 mentioned = True
 
-        text = _strip_mentions(message.content, me.id, bot_role.id if bot_role else None)
+        text = _strip_mentions(message.content or "", me.id, bot_role.id if bot_role else None)
         attachments = tuple(
             {
                 "id": str(a.id),
@@ -299,10 +335,16 @@ class DiscordChannel:
 
     # -- outbound -----------------------------------------------------------------------------
 
+    def _remember_dm(self, channel: discord.DMChannel) -> None:
+        self._dm_channels[channel.id] = channel
+        self._dm_channels.move_to_end(channel.id)
+        while len(self._dm_channels) > DM_CACHE_SIZE:
+            self._dm_channels.popitem(last=False)
+
     async def _messageable(self, chat_id: str, thread_id: str | None) -> discord.abc.Messageable:
         client = self.client
         channel_id = int(thread_id or chat_id)
-        channel = client.get_channel(channel_id)
+        channel = client.get_channel(channel_id) or self._dm_channels.get(channel_id)
         if channel is None:
             channel = await client.fetch_channel(channel_id)
         if not isinstance(channel, discord.abc.Messageable):
@@ -310,8 +352,10 @@ class DiscordChannel:
         return channel
 
     async def send(self, message: OutboundMessage) -> None:
-        """Send the reply in chunks of at most 2,000 characters; the first one as a reply."""
-        chunks = chunk_text(message.text, DISCORD_LIMIT)
+        """Send the reply in chunks (2,000 characters, 17 lines); the first one as a reply."""
+        chunks = chunk_text(
+            defuse_mass_mentions(message.text), DISCORD_LIMIT, max_lines=DISCORD_MAX_LINES
+        )
         if not chunks:
             return
         channel = await self._messageable(message.chat_id, message.thread_id)
@@ -323,16 +367,77 @@ class DiscordChannel:
                 message_id=int(reply_to), channel_id=channel_id, fail_if_not_exists=False
             )
         for index, chunk in enumerate(chunks):
-            await channel.send(
-                chunk,
-                reference=reference if index == 0 else None,  # type: ignore[arg-type]
-                allowed_mentions=discord.AllowedMentions.none(),
+            await self._send_chunk(channel, chunk, reference if index == 0 else None)
+
+    async def _send_chunk(
+        self,
+        channel: discord.abc.Messageable,
+        chunk: str,
+        reference: discord.MessageReference | None,
+    ) -> None:
+        """One ``channel.send``; a 429 that discord.py gave up on is retried (bounded)."""
+        for attempt in range(1, SEND_ATTEMPTS + 1):
+            try:
+                await channel.send(
+                    chunk,
+                    reference=reference,  # type: ignore[arg-type]
+                    allowed_mentions=discord.AllowedMentions.none(),
+                )
+                return
+            except discord.RateLimited as exc:
+                if attempt == SEND_ATTEMPTS or exc.retry_after > MAX_RETRY_WAIT:
+                    raise
+                wait = exc.retry_after
+            except discord.HTTPException as exc:
+                if exc.status != 429 or attempt == SEND_ATTEMPTS:
+                    raise
+                wait = _retry_after(exc)
+            log.warning(
+                "discord: rate limited sending to %s; retry %d in %.2fs",
+                getattr(channel, "id", "?"),
+                attempt,
+                wait,
             )
+            await asyncio.sleep(wait)
 
     async def typing(self, chat_id: str, thread_id: str | None = None) -> None:
         """Show "typing…" once (Discord shows it for about ten seconds)."""
         channel = await self._messageable(chat_id, thread_id)
         await channel.typing()
+
+
+def _guard_parsers(client: discord.Client) -> None:
+    """Make discord.py skip (and log) a gateway event its parser chokes on, instead of letting
+    the exception end the whole client (``received_message`` does not catch it)."""
+    state = client._connection
+    parsers: dict[str, Any] = state.parsers
+
+    def guarded(event: str, parse: Any) -> Any:
+        def run(data: Any) -> None:
+            try:
+                parse(data)
+            except Exception:
+                log.exception("discord: skipped a malformed %s dispatch", event)
+
+        return run
+
+    for event, parse in list(parsers.items()):
+        if event != "READY":
+            parsers[event] = guarded(event, parse)
+
+
+def _retry_after(exc: discord.HTTPException) -> float:
+    """Seconds to wait after a 429 discord.py did not retry (from its headers; 1 s if none)."""
+    headers = getattr(exc.response, "headers", None) or {}
+    for name in ("X-RateLimit-Reset-After", "Retry-After"):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            return min(max(float(value), 0.0), MAX_RETRY_WAIT)
+        except ValueError:
+            continue
+    return 1.0
 
 
 def _strip_mentions(text: str, bot_id: int, role_id: int | None) -> str:

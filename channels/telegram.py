@@ -23,6 +23,18 @@ gateway deduplicates by platform message id. If `on_message` raises, the batch i
 and PTB's retry loop fetches it again (with PTB's growing back-off), up to `max_redeliveries`
 attempts per update, after which the update is dropped with an error in the log.
 
+Outbound: models write Markdown; `send` chunks it (`chunk_text`, so no tag spans two messages),
+renders each chunk to Telegram's HTML subset with markdown-it-py (`markdown_to_telegram_html`,
+everything else escaped) and sends it with ``parse_mode="HTML"``. A chunk whose HTML outgrows
+4,096 characters is split further; one Telegram refuses ("can't parse entities") is sent again
+as plain text. A 429 (PTB's `RetryAfter`) is waited out — ``retry_after``, capped at
+`max_retry_wait` — up to `send_attempts` tries per chunk, so nothing is silently dropped.
+
+Malformed input: a webhook body that is JSON but no readable update is logged and acknowledged
+(200, so Telegram stops redelivering it); in polling, `_TolerantBot` replaces an unreadable
+update in a ``getUpdates`` batch by a bare ``update_id`` so it is confirmed and skipped instead
+of wedging the poller. Either way later updates are processed normally.
+
 Ignored on purpose: the bot's own messages, edited messages (an edit never re-triggers a turn;
 they are not even requested via ``allowed_updates``), channel posts, and service messages that
 carry neither text nor an attachment (joins, pins, topic creation...). Attachments are listed by
@@ -32,17 +44,29 @@ carry neither text nor an attachment (joins, pins, topic creation...). Attachmen
 from __future__ import annotations
 
 import asyncio
+import datetime as dtm
 import hmac
+import html
 import json
 import logging
 import re
 from typing import Any
 
 from aiohttp import web
+from markdown_it import MarkdownIt
+from markdown_it.token import Token
 from telegram import Bot, Message, MessageEntity, Update, User
-from telegram.constants import ChatAction, ChatType
-from telegram.error import BadRequest, TelegramError
-from telegram.ext import Application, ApplicationBuilder, ContextTypes, MessageHandler, filters
+from telegram.constants import ChatAction, ChatType, ParseMode
+from telegram.error import BadRequest, RetryAfter, TelegramError
+from telegram.ext import (
+    Application,
+    ApplicationBuilder,
+    ContextTypes,
+    ExtBot,
+    MessageHandler,
+    filters,
+)
+from telegram.request import HTTPXRequest
 
 from channels.base import (
     ChannelCapabilities,
@@ -83,6 +107,40 @@ class _AckAfterProcessing(asyncio.Queue[object]):
         if isinstance(item, Update):
             await self.join()
             self._channel._check_delivered(item.update_id)
+
+
+class _TolerantBot(ExtBot[None]):
+    """PTB's bot, except that an unreadable update cannot wedge polling.
+
+    Stock PTB parses a ``getUpdates`` batch in one go: one malformed update raises, the batch
+    is never confirmed and polling refetches the same poison forever. Here each raw update is
+    checked first; an unreadable one is logged and replaced by a bare ``{"update_id": n}`` (no
+    handler matches it, but it still advances the offset), or dropped without a usable id.
+    """
+
+    async def _post(self, endpoint: str, data: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+        result = await super()._post(endpoint, data, **kwargs)
+        if endpoint == "getUpdates" and isinstance(result, list):
+            result = [u for u in (self._readable(raw) for raw in result) if u is not None]
+        return result
+
+    def _readable(self, raw: object) -> dict[str, Any] | None:
+        update_id = raw.get("update_id") if isinstance(raw, dict) else None
+        if not isinstance(update_id, int) or isinstance(update_id, bool):
+            log.warning("telegram: ignoring an update without a usable update_id: %.200r", raw)
+            return None
+        assert isinstance(raw, dict)
+        try:
+            Update.de_json(raw, self)
+        except Exception as exc:
+            log.warning(
+                "telegram: ignoring unreadable update %s (%s: %s)",
+                update_id,
+                type(exc).__name__,
+                exc,
+            )
+            return {"update_id": update_id}
+        return raw
 
 
 def _utf16_spans_removed(text: str, spans: list[tuple[int, int]]) -> str:
@@ -184,6 +242,145 @@ def to_inbound(message: Message, me: User) -> InboundMessage | None:
     )
 
 
+# -- Markdown -> Telegram HTML ----------------------------------------------------------------
+
+_MD = MarkdownIt("commonmark", {"html": False}).enable("strikethrough")
+_INLINE_TAGS = {
+    "strong_open": "<b>",
+    "strong_close": "</b>",
+    "em_open": "<i>",
+    "em_close": "</i>",
+    "s_open": "<s>",
+    "s_close": "</s>",
+    "link_close": "</a>",
+}
+_LANGUAGE = re.compile(r"[\w+#.-]{1,32}")
+
+
+def _esc(text: str) -> str:
+    return html.escape(text, quote=False)
+
+
+def _inline_html(children: list[Token]) -> str:
+    out: list[str] = []
+    links = 0  # Telegram forbids nested links; markdown-it never nests them, but be safe
+    for tok in children:
+        kind = tok.type
+        if kind == "text":
+            out.append(_esc(tok.content))
+        elif kind == "code_inline":
+            out.append(f"<code>{_esc(tok.content)}</code>")
+        elif kind in ("softbreak", "hardbreak"):
+            out.append("\n")
+        elif kind == "link_open":
+            href = str(tok.attrs.get("href", ""))
+            links += 1
+            out.append(f'<a href="{html.escape(href, quote=True)}">' if links == 1 else "")
+        elif kind == "link_close":
+            links -= 1
+            out.append("</a>" if links == 0 else "")
+        elif kind == "image":
+            src = html.escape(str(tok.attrs.get("src", "")), quote=True)
+            alt = _esc(tok.content) or "image"
+            out.append(alt if links else f'<a href="{src}">{alt}</a>')
+        elif kind in _INLINE_TAGS:
+            out.append(_INLINE_TAGS[kind])
+        else:  # html_inline and anything unknown: shown literally
+            out.append(_esc(tok.content))
+    return "".join(out)
+
+
+def markdown_to_telegram_html(markdown: str) -> str:
+    """Render Markdown (as models write it) into Telegram's HTML subset, escaping all else.
+
+    Bold/italic/strike/code/links map to ``<b> <i> <s> <code> <a>``; fenced code to
+    ``<pre><code class="language-x">``; headings become bold lines, list items "• " (or "1. ")
+    lines indented by depth, quotes ``<blockquote>`` (never nested: Telegram refuses that).
+    """
+    out: list[str] = []
+    lists: list[str] = []  # "bullet" | "ordered", innermost last
+    quotes = 0
+
+    def newline() -> None:
+        if out and not out[-1].endswith("\n"):
+            out.append("\n")
+
+    def end_block() -> None:
+        text = "".join(out).rstrip(" \n")
+        out[:] = [text, "\n\n"] if text else []
+
+    for tok in _MD.parse(markdown):
+        kind = tok.type
+        if kind == "inline":
+            out.append(_inline_html(tok.children or []))
+        elif kind == "paragraph_close":
+            if tok.hidden:
+                newline()
+            else:
+                end_block()
+        elif kind == "heading_open":
+            out.append("<b>")
+        elif kind == "heading_close":
+            out.append("</b>")
+            end_block()
+        elif kind in ("bullet_list_open", "ordered_list_open"):
+            newline()
+            lists.append(kind.split("_", 1)[0])
+        elif kind in ("bullet_list_close", "ordered_list_close"):
+            lists.pop()
+            if not lists:
+                end_block()
+        elif kind == "list_item_open":
+            newline()
+            bullet = f"{tok.info}. " if lists and lists[-1] == "ordered" else "• "
+            out.append("  " * (len(lists) - 1) + bullet)
+        elif kind == "list_item_close":
+            newline()
+        elif kind == "blockquote_open":
+            quotes += 1
+            if quotes == 1:
+                end_block()
+                out.append("<blockquote>")
+        elif kind == "blockquote_close":
+            quotes -= 1
+            if quotes == 0:
+                text = "".join(out).rstrip(" \n")
+                out[:] = [text, "</blockquote>"]
+                end_block()
+        elif kind in ("fence", "code_block"):
+            lang = _LANGUAGE.match(tok.info.strip()) if kind == "fence" else None
+            attr = f' class="language-{lang.group(0)}"' if lang else ""
+            body = _esc(tok.content.rstrip("\n"))
+            out.append(f"<pre><code{attr}>{body}</code></pre>")
+            end_block()
+        elif kind == "hr":
+            out.append("———")
+            end_block()
+        elif kind == "html_block":
+            out.append(_esc(tok.content))
+            end_block()
+    return "".join(out).strip()
+
+
+def _html_chunks(markdown: str) -> list[tuple[str, str]]:
+    """(Markdown, HTML) pairs for one Markdown chunk, split further while the HTML is too long."""
+    rendered = markdown_to_telegram_html(markdown)
+    if len(rendered) <= TELEGRAM_LIMIT or len(markdown) < 32:
+        return [(markdown, rendered)]
+    pieces = chunk_text(markdown, max(16, len(markdown) // 2))
+    if len(pieces) < 2:  # cannot split any further: send as is
+        return [(markdown, rendered)]
+    return [pair for piece in pieces for pair in _html_chunks(piece)]
+
+
+def _retry_seconds(exc: RetryAfter) -> float:
+    delay = getattr(exc, "_retry_after", None)  # a timedelta; the public property may warn
+    if isinstance(delay, dtm.timedelta):
+        return max(0.0, delay.total_seconds())
+    value = exc.retry_after
+    return max(0.0, value.total_seconds() if isinstance(value, dtm.timedelta) else float(value))
+
+
 def _reply_target_gone(exc: BadRequest) -> bool:
     msg = exc.message.lower()
     return "not found" in msg and "repl" in msg
@@ -198,6 +395,10 @@ class TelegramChannel:
     """Polling: fetch an update again at most this often when `on_message` keeps failing."""
     poll_timeout = 30
     """Seconds one ``getUpdates`` long poll may be held by Telegram."""
+    send_attempts = 5
+    """``sendMessage`` attempts per chunk while Telegram answers 429 (flood control)."""
+    max_retry_wait = 60.0
+    """Cap on one 429 wait (Telegram's ``retry_after``), in seconds."""
 
     def __init__(self, settings: TelegramSettings) -> None:
         if not settings.token:
@@ -237,10 +438,15 @@ class TelegramChannel:
     def _build(self) -> TelegramApp:
         s = self.settings
         assert s.token is not None
-        builder = ApplicationBuilder().token(s.token).job_queue(None)
-        if s.base_url:
-            root = s.base_url.rstrip("/")
-            builder = builder.base_url(f"{root}/bot").base_file_url(f"{root}/file/bot")
+        root = (s.base_url or "https://api.telegram.org").rstrip("/")
+        bot = _TolerantBot(
+            s.token,
+            base_url=f"{root}/bot",
+            base_file_url=f"{root}/file/bot",
+            request=HTTPXRequest(connection_pool_size=256),
+            get_updates_request=HTTPXRequest(connection_pool_size=1),
+        )
+        builder = ApplicationBuilder().bot(bot).job_queue(None)
         if s.mode == "webhook":
             builder = builder.updater(None)
         else:
@@ -339,13 +545,22 @@ class TelegramChannel:
             data = json.loads(await request.read())
         except ValueError:
             return web.Response(status=400, text="body is not JSON")
-        if not isinstance(data, dict):
-            return web.Response(status=400, text="body is not a JSON object")
+        # Valid JSON that is no readable update is acknowledged (200) and dropped: Telegram
+        # would otherwise redeliver it forever and hold back every later update.
+        update_id = data.get("update_id") if isinstance(data, dict) else None
+        if not isinstance(update_id, int) or isinstance(update_id, bool):
+            log.warning("telegram: ignoring a webhook body that is not an update: %.200r", data)
+            return web.Response(text="ignored")
         try:
             update = Update.de_json(data, app.bot)
-        except Exception:
-            log.exception("telegram: webhook body is not an Update")
-            return web.Response(status=400, text="not a Telegram update")
+        except Exception as exc:
+            log.warning(
+                "telegram: ignoring unreadable webhook update %s (%s: %s)",
+                update_id,
+                type(exc).__name__,
+                exc,
+            )
+            return web.Response(text="ignored")
         await app.process_update(update)
         if update.update_id in self._undelivered:
             self._undelivered.discard(update.update_id)
@@ -355,21 +570,65 @@ class TelegramChannel:
     # -- outbound -----------------------------------------------------------------------------
 
     async def send(self, message: OutboundMessage) -> None:
-        """Send the reply as plain text in chunks of at most 4,096 characters."""
-        bot = self.bot
+        """Send the reply as Telegram HTML (converted from Markdown), chunk by chunk.
+
+        The Markdown is chunked first (so no tag spans two messages), then each chunk is
+        converted; a chunk whose HTML outgrows 4,096 characters is split further. A chunk
+        Telegram cannot parse is sent again as plain text; 429s are waited out (`send_attempts`).
+        """
         thread = int(message.thread_id) if message.thread_id else None
         reply_to = int(message.reply_to) if message.reply_to else None
         for chunk in chunk_text(message.text, TELEGRAM_LIMIT):
+            for markdown, rendered in _html_chunks(chunk):
+                await self._send_chunk(message.chat_id, markdown, rendered, thread, reply_to)
+                reply_to = None  # only the first chunk is a reply
+
+    async def _send_chunk(
+        self, chat_id: str, markdown: str, rendered: str, thread: int | None, reply_to: int | None
+    ) -> None:
+        if not rendered:
+            await self._send_retrying(chat_id, markdown, None, thread, reply_to)
+            return
+        try:
+            await self._send_retrying(chat_id, rendered, ParseMode.HTML, thread, reply_to)
+        except BadRequest as exc:
+            if "can't parse entities" not in exc.message.lower():
+                raise
+            log.warning("telegram: HTML refused (%s); sending the chunk as plain text", exc)
+            await self._send_retrying(chat_id, markdown, None, thread, reply_to)
+
+    async def _send_retrying(
+        self,
+        chat_id: str,
+        text: str,
+        parse_mode: str | None,
+        thread: int | None,
+        reply_to: int | None,
+    ) -> None:
+        """One ``sendMessage``: flood control (429) is waited out, a vanished reply target dropped."""
+        rate_limited = 0
+        while True:
             try:
-                await bot.send_message(
-                    message.chat_id, chunk, message_thread_id=thread, reply_to_message_id=reply_to
+                await self.bot.send_message(
+                    chat_id,
+                    text,
+                    parse_mode=parse_mode,
+                    message_thread_id=thread,
+                    reply_to_message_id=reply_to,
                 )
+                return
+            except RetryAfter as exc:
+                rate_limited += 1
+                if rate_limited >= self.send_attempts:
+                    raise
+                delay = min(_retry_seconds(exc), self.max_retry_wait)
+                log.warning("telegram: rate limited in chat %s; retrying in %.1fs", chat_id, delay)
+                await asyncio.sleep(delay)
             except BadRequest as exc:
                 if reply_to is None or not _reply_target_gone(exc):
                     raise
                 log.info("telegram: reply target %s is gone; sending without it", reply_to)
-                await bot.send_message(message.chat_id, chunk, message_thread_id=thread)
-            reply_to = None  # only the first chunk is a reply
+                reply_to = None
 
     async def typing(self, chat_id: str, thread_id: str | None) -> None:
         await self.bot.send_chat_action(

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import discord.gateway
 import discord.http
 import pytest
 
 from channels.base import InboundMessage, InboundResult, OutboundMessage
-from channels.discord import DiscordChannel
-from channels.formatting import DISCORD_LIMIT
+from channels.discord import DiscordChannel, defuse_mass_mentions
+from channels.formatting import DISCORD_LIMIT, DISCORD_MAX_LINES
 from gateway.config import DiscordSettings
 from tests.fakes.discord_server import FakeDiscord
 
@@ -314,18 +317,18 @@ async def test_send_to_a_thread(fake: FakeDiscord, channel: DiscordChannel) -> N
     assert "message_reference" not in call.json
 
 
-async def test_reply_to_a_dm_fetches_the_channel(
+async def test_send_to_an_unseen_dm_fetches_the_channel(
     fake: FakeDiscord, channel: DiscordChannel, collector: Collector
 ) -> None:
     sent = fake.dm_message("hi")
     [msg] = await collector.wait_for(1)
+    channel._dm_channels.clear()  # as after a restart: discord.py does not cache DM channels
     await channel.send(
         out(fake, "hello Alice", chat_id=msg.chat_id, reply_to=msg.platform_message_id)
     )
     [call] = await fake.wait_for_call("POST", f"/channels/{sent['channel_id']}/messages")
     assert call.json["content"] == "hello Alice"
     assert str(call.json["message_reference"]["message_id"]) == sent["id"]
-    # discord.py does not cache DM channels built from a message: the adapter fetched it.
     assert [c.path for c in fake.calls_to("GET", "/channels/")] == [f"/channels/{msg.chat_id}"]
 
 
@@ -334,3 +337,181 @@ async def test_typing(fake: FakeDiscord, channel: DiscordChannel) -> None:
     await fake.wait_for_call("POST", f"/channels/{fake.text_channel_id}/typing")
     await channel.typing(fake.text_channel_id, fake.thread_id)
     await fake.wait_for_call("POST", f"/channels/{fake.thread_id}/typing")
+
+
+async def test_reply_to_a_dm_seen_inbound_needs_no_fetch(
+    fake: FakeDiscord, channel: DiscordChannel, collector: Collector
+) -> None:
+    sent = fake.dm_message("hi again")
+    [msg] = await collector.wait_for(1)
+    await channel.send(out(fake, "hello", chat_id=msg.chat_id, reply_to=msg.platform_message_id))
+    [call] = await fake.wait_for_call("POST", f"/channels/{sent['channel_id']}/messages")
+    assert call.json["content"] == "hello"
+    assert fake.calls_to("GET", "/channels/") == []
+
+
+async def test_sixty_line_reply_is_split_at_seventeen_lines(
+    fake: FakeDiscord, channel: DiscordChannel
+) -> None:
+    text = "\n".join(f"{i}. a short line" for i in range(1, 61))
+    await channel.send(out(fake, text))
+    prefix = f"/channels/{fake.text_channel_id}/messages"
+    await fake.wait_for_call("POST", prefix, n=4)
+    await asyncio.sleep(0.05)
+    bodies = [c.json["content"] for c in fake.calls_to("POST", prefix)]
+    assert len(bodies) == 4
+    assert all(len(b.split("\n")) <= DISCORD_MAX_LINES for b in bodies)
+    assert "\n".join(bodies).split("\n") == text.split("\n")
+
+
+async def test_code_heavy_reply_respects_line_cap_and_fences(
+    fake: FakeDiscord, channel: DiscordChannel
+) -> None:
+    code = "\n".join(f"x_{i} = {i}" for i in range(50))
+    await channel.send(out(fake, f"Here:\n\n```python\n{code}\n```\nDone."))
+    prefix = f"/channels/{fake.text_channel_id}/messages"
+    await fake.wait_for_call("POST", prefix, n=4)
+    await asyncio.sleep(0.05)
+    for call in fake.calls_to("POST", prefix):
+        content = call.json["content"]
+        assert len(content.split("\n")) <= DISCORD_MAX_LINES, content
+        assert content.count("```") % 2 == 0, content
+
+
+async def test_mass_mentions_are_defused_in_text(
+    fake: FakeDiscord, channel: DiscordChannel
+) -> None:
+    await channel.send(out(fake, "hey @everyone and @here, mail me at a@here.example"))
+    [call] = await fake.wait_for_call("POST", f"/channels/{fake.text_channel_id}/messages")
+    content = call.json["content"]
+    assert "@everyone" not in content and "@here," not in content
+    assert "@\u200beveryone" in content and "@\u200bhere," in content
+    assert call.json["allowed_mentions"]["parse"] == []
+    assert defuse_mass_mentions("no mentions") == "no mentions"
+
+
+# -- rate limits ---------------------------------------------------------------------------------
+
+
+async def test_429_is_retried_by_discord_py_and_nothing_is_dropped(
+    fake: FakeDiscord, channel: DiscordChannel
+) -> None:
+    fake.rate_limit_next_post(1, retry_after=0.05)
+    started = time.monotonic()
+    await channel.send(out(fake, "after a rate limit"))
+    prefix = f"/channels/{fake.text_channel_id}/messages"
+    calls = await fake.wait_for_call("POST", prefix, n=2)
+    assert [c.status for c in calls] == [429, 200]
+    assert time.monotonic() - started >= 0.05
+    assert [m["content"] for m in fake.sent_messages] == ["after a rate limit"]
+
+
+async def test_429_discord_py_gives_up_on_is_retried_by_send(
+    fake: FakeDiscord, channel: DiscordChannel
+) -> None:
+    # Without "Via", discord.py takes the 429 for a Cloudflare ban and raises at once.
+    fake.rate_limit_next_post(1, retry_after=0.05, via=False)
+    await channel.send(out(fake, "one\n" * 20))
+    prefix = f"/channels/{fake.text_channel_id}/messages"
+    calls = await fake.wait_for_call("POST", prefix, n=3)
+    assert [c.status for c in calls] == [429, 200, 200]
+    assert len(fake.sent_messages) == 2
+
+
+async def test_persistent_429_fails_after_bounded_retries(
+    fake: FakeDiscord, channel: DiscordChannel
+) -> None:
+    fake.rate_limit_next_post(10, retry_after=0.01, via=False)
+    with pytest.raises(discord.HTTPException):
+        await channel.send(out(fake, "never"))
+    assert len(fake.calls_to("POST", f"/channels/{fake.text_channel_id}/messages")) == 3
+    assert fake.sent_messages == []
+
+
+# -- malformed dispatches ------------------------------------------------------------------------
+
+
+async def test_malformed_message_creates_do_not_break_the_client(
+    fake: FakeDiscord, channel: DiscordChannel, collector: Collector
+) -> None:
+    null_content = fake.message("x", channel_id=fake.text_channel_id, author=fake.alice, guild=True)
+    null_content["content"] = None
+    fake.dispatch("MESSAGE_CREATE", null_content)
+    no_author = fake.message("who?", channel_id=fake.text_channel_id, author=fake.bob, guild=True)
+    del no_author["author"]  # discord.py's parser raises; unguarded, it ends Client.start
+    fake.dispatch("MESSAGE_CREATE", no_author)
+    fake.dispatch("MESSAGE_CREATE", {"id": "not-a-snowflake", "content": 5})
+    fake.dispatch("MESSAGE_CREATE", {})
+    unknown = fake.message(
+        "somewhere else", channel_id="1111111111111111111", author=fake.alice, guild=True
+    )
+    fake.dispatch("MESSAGE_CREATE", unknown)
+    good = fake.dm_message("still here")
+    [first, second] = await collector.wait_for(2)
+    # An unknown guild channel is a PartialMessageable: still a plain channel message.
+    assert (first.platform_message_id, first.chat_type, first.chat_id, first.text) == (
+        unknown["id"],
+        "channel",
+        "1111111111111111111",
+        "somewhere else",
+    )
+    assert (second.platform_message_id, second.text) == (good["id"], "still here")
+    assert len(collector.messages) == 2  # null content (no text, no attachments) was skipped
+    assert fake.connections == 1 and channel._task is not None and not channel._task.done()
+    fake.guild_message("and after that", mention=True)
+    [*_, third] = await collector.wait_for(3)
+    assert third.text == "and after that"
+
+
+# -- golden fixtures -----------------------------------------------------------------------------
+
+FIXTURES = Path(__file__).parent / "fixtures"
+GOLDEN = sorted(FIXTURES.glob("discord_*.json"))
+# The ids the fixtures were written with (see the payloads): bot, guild, channel, thread, role.
+FIXTURE_IDS = {
+    "bot_id": "1180381729134280724",
+    "guild_id": "1180381729134280700",
+    "text_channel_id": "1180381729134280701",
+    "thread_id": "1180381729134280702",
+    "bot_role_id": "1180381729134280703",
+    "owner_id": "1180381729134280704",
+}
+FIXTURE_ALICE = "1180381729134280710"
+
+
+def _fixture_channel() -> tuple[DiscordChannel, Any]:
+    """An unstarted adapter whose discord.py state knows the bot user and the fixture guild."""
+    fake = FakeDiscord()  # only its payload builders: never started
+    for attr, value in FIXTURE_IDS.items():
+        setattr(fake, attr, value)
+    fake.app_id = fake.everyone_role_id = fake.guild_id
+    fake.alice = fake.user(FIXTURE_ALICE, "alice", global_name="Alice A.")
+    fake.bot_user = fake.user(fake.bot_id, "gatehouse", bot=True)
+    chan = DiscordChannel(DiscordSettings(token="fixture-token"))
+    client = chan._make_client()
+    chan._client = client
+    state = client._connection
+    state.user = discord.ClientUser(state=state, data=fake.bot_user)  # type: ignore[arg-type]
+    state._add_guild_from_data(fake.guild())  # type: ignore[arg-type]
+    return chan, state
+
+
+@pytest.mark.parametrize("path", GOLDEN, ids=[p.stem for p in GOLDEN])
+def test_golden_message_create_payloads(path: Path) -> None:
+    case = json.loads(path.read_text())
+    chan, state = _fixture_channel()
+    parsed: list[discord.Message] = []
+    state.dispatch = lambda event, *args: parsed.append(args[0]) if event == "message" else None
+    state.parse_message_create(case["message"])
+    [message] = parsed
+    inbound = chan.normalize(message)
+    assert inbound is not None
+    got = {k: getattr(inbound, k) for k in case["expected"]}
+    got["attachments"] = [dict(a) for a in inbound.attachments]
+    expected = dict(case["expected"])
+    expected.setdefault("attachments", [])
+    assert got == expected
+
+
+def test_there_are_golden_fixtures() -> None:
+    assert len(GOLDEN) >= 5

@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import html
+import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import test_utils, web
+from telegram import Update, User
 
 from channels.base import InboundMessage, InboundResult, OutboundMessage
 from channels.formatting import TELEGRAM_LIMIT
-from channels.telegram import SECRET_HEADER, WEBHOOK_PATH, TelegramChannel
+from channels.telegram import (
+    SECRET_HEADER,
+    WEBHOOK_PATH,
+    TelegramChannel,
+    markdown_to_telegram_html,
+    to_inbound,
+)
 from gateway.config import TelegramSettings
-from tests.fakes.telegram_server import FakeTelegram, entity
+from tests.fakes.telegram_server import FakeTelegram, entity, html_problem
 
 GROUP = -1001234567890
 
@@ -374,10 +385,11 @@ async def test_long_reply_is_chunked_in_thread(
     assert len(sent) >= 3
     for call in sent:
         assert len(call["text"]) <= 4096
-        assert call["text"].count("```") % 2 == 0
+        assert call["parse_mode"] == "HTML"
+        assert html_problem(call["text"]) is None  # every chunk parses on its own
+        assert call["text"].count("<pre>") == call["text"].count("</pre>")
         assert call["message_thread_id"] == 55
         assert call["chat_id"] == GROUP
-        assert "parse_mode" not in call  # plain text
     assert sent[0]["reply_parameters"]["message_id"] == question_id
     assert all("reply_parameters" not in call for call in sent[1:])
     assert "".join(c["text"] for c in sent).count("line 0299") == 1
@@ -514,3 +526,206 @@ async def test_webhook_handler_failure_asks_telegram_to_retry(
     assert (await client.post(WEBHOOK_PATH, json=update, headers=headers)).status == 500
     assert (await client.post(WEBHOOK_PATH, json=update, headers=headers)).status == 200
     assert (await client.post(WEBHOOK_PATH, data=b"{not json", headers=headers)).status == 400
+    assert (await client.post(WEBHOOK_PATH, json={"update_id": 1}, headers=headers)).status == 200
+
+
+# -- Markdown -> Telegram HTML ------------------------------------------------------------------
+
+HTML_GOLDENS = [
+    (
+        "a <script>alert(1)</script> & b",
+        "a &lt;script&gt;alert(1)&lt;/script&gt; &amp; b",
+    ),
+    (
+        "**bold** *it* _it_ ~~gone~~ `x<y && z`",
+        "<b>bold</b> <i>it</i> <i>it</i> <s>gone</s> <code>x&lt;y &amp;&amp; z</code>",
+    ),
+    (
+        "```python\nif a < b and c & d:\n    **not bold** <i>\n```",
+        '<pre><code class="language-python">if a &lt; b and c &amp; d:\n'
+        "    **not bold** &lt;i&gt;</code></pre>",
+    ),
+    ("```\nplain   spaced\n\n  kept\n```", "<pre><code>plain   spaced\n\n  kept</code></pre>"),
+    (
+        "see [the docs](https://example.com/a?x=1&y=2) now",
+        'see <a href="https://example.com/a?x=1&amp;y=2">the docs</a> now',
+    ),
+    ("[bad](javascript:alert(1))", "[bad](javascript:alert(1))"),
+    (
+        "# Plan\n\n- one\n- **two**\n  - nested\n\n1. first\n2. second",
+        "<b>Plan</b>\n\n• one\n• <b>two</b>\n  • nested\n\n1. first\n2. second",
+    ),
+    (
+        "> wise **words**\n> > deeper\n\nafter",
+        "<blockquote>wise <b>words</b>\n\ndeeper</blockquote>\n\nafter",
+    ),
+    ("line one\nline two", "line one\nline two"),
+    ("2 * 3 * 4 and a_b_c", "2 * 3 * 4 and a_b_c"),
+]
+
+
+@pytest.mark.parametrize(("markdown", "expected"), HTML_GOLDENS)
+def test_markdown_to_telegram_html(markdown: str, expected: str) -> None:
+    rendered = markdown_to_telegram_html(markdown)
+    assert rendered == expected
+    assert html_problem(rendered) is None
+
+
+async def test_send_uses_html_parse_mode(fake: FakeTelegram, channel: TelegramChannel) -> None:
+    text = "**Hi** <there> & [site](https://example.com)\n\n```sh\necho '<x>'\n```"
+    await channel.send(
+        OutboundMessage(platform="telegram", chat_id="7", text=text, session_key="k")
+    )
+    [call] = fake.calls_to("sendMessage")
+    assert call["parse_mode"] == "HTML"
+    assert call["text"] == (
+        '<b>Hi</b> &lt;there&gt; &amp; <a href="https://example.com">site</a>\n\n'
+        "<pre><code class=\"language-sh\">echo '&lt;x&gt;'</code></pre>"
+    )
+
+
+async def test_unparseable_html_is_resent_as_plain_text(
+    fake: FakeTelegram, channel: TelegramChannel
+) -> None:
+    fake.fail_next["sendMessage"] = (400, "Bad Request: can't parse entities: unsupported tag")
+    await channel.send(
+        OutboundMessage(platform="telegram", chat_id="7", text="**x** & y", session_key="k")
+    )
+    first, second = fake.calls_to("sendMessage")
+    assert first["parse_mode"] == "HTML"
+    assert "parse_mode" not in second
+    assert second["text"] == "**x** & y"
+
+
+async def test_html_growing_past_the_limit_is_rechunked(
+    fake: FakeTelegram, channel: TelegramChannel
+) -> None:
+    text = "a < b & c " * 400  # 4,000 chars of Markdown, ~8,800 once escaped
+    await channel.send(
+        OutboundMessage(platform="telegram", chat_id="7", text=text, session_key="k")
+    )
+    sent = fake.calls_to("sendMessage")
+    assert len(sent) >= 3
+    for call in sent:
+        assert call["parse_mode"] == "HTML"
+        assert len(call["text"]) <= 4096
+        assert html_problem(call["text"]) is None
+    joined = html.unescape(" ".join(c["text"] for c in sent))
+    assert joined.split() == text.split()
+
+
+# -- flood control (429) ------------------------------------------------------------------------
+
+# PTB's own RetryAfter constructor warns about its future timedelta type; not ours to fix.
+_RETRY_AFTER_WARNING = pytest.mark.filterwarnings("ignore:.*retry_after.*:DeprecationWarning")
+
+
+@_RETRY_AFTER_WARNING
+async def test_429_is_waited_out_and_the_reply_arrives(
+    fake: FakeTelegram, channel: TelegramChannel
+) -> None:
+    fake.rate_limit("sendMessage", retry_after=1)  # PTB reads 0 as "no retry_after": use 1 s
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await channel.send(
+        OutboundMessage(platform="telegram", chat_id="7", text="hi", session_key="k")
+    )
+    assert loop.time() - began >= 0.9  # Telegram's retry_after was honoured
+    calls = fake.calls_to("sendMessage")
+    assert [c["text"] for c in calls] == ["hi", "hi"]
+    assert not fake.rate_limited["sendMessage"]
+
+
+@_RETRY_AFTER_WARNING
+async def test_429_wait_is_capped_and_attempts_bounded(
+    fake: FakeTelegram, channel: TelegramChannel
+) -> None:
+    from telegram.error import RetryAfter
+
+    channel.max_retry_wait = 0.01  # Telegram asks for 30 s; we wait at most the cap
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    fake.rate_limit("sendMessage", retry_after=30, times=3)
+    await channel.send(OutboundMessage(platform="telegram", chat_id="7", text="a", session_key="k"))
+    assert loop.time() - began < 2
+    assert len(fake.calls_to("sendMessage")) == 4
+    channel.send_attempts = 2
+    fake.rate_limit("sendMessage", retry_after=1, times=2)
+    with pytest.raises(RetryAfter):
+        await channel.send(
+            OutboundMessage(platform="telegram", chat_id="7", text="b", session_key="k")
+        )
+
+
+# -- malformed payloads -------------------------------------------------------------------------
+
+
+async def test_malformed_polled_updates_are_skipped(
+    fake: FakeTelegram,
+    channel: TelegramChannel,
+    collector: Collector,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    bad = [
+        fake.queue_update({"message": {"message_id": 1, "chat": "not a chat"}}),
+        fake.queue_update({"message": {"message_id": "x", "text": 5, "date": "soon"}}),
+        fake.queue_update({"something_new": {"x": 1}}),
+    ]
+    odd = fake.private_message(7, "ok")  # then a readable update with odd fields
+    odd["message"]["entities"] = [{"type": "mention", "offset": 99, "length": "?"}]
+    fake.updates.append({"update_id": "nope"})
+    good = fake.private_message(7, "still here")
+    msg = await collector.next()
+    assert msg.text == "still here"
+    assert [m.text for m in collector.calls] == ["still here"]
+    last = good["update_id"]
+    await fake.wait_for_call("getUpdates", where=lambda p: int(p.get("offset") or 0) > last)
+    assert str(bad[0]["update_id"]) in caplog.text
+    assert "unreadable update" in caplog.text
+
+
+async def test_malformed_webhook_bodies_are_ignored(
+    fake: FakeTelegram,
+    collector: Collector,
+    webhook: tuple[TelegramChannel, Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _, client = webhook
+    headers = {SECRET_HEADER: "s3cret-Token_1"}
+    for body in (
+        {"hello": "world"},
+        [1, 2, 3],
+        "a string",
+        {"update_id": 9, "message": {"message_id": 1, "chat": 5}},
+        {"update_id": 10, "message": {"message_id": 2, "date": 0, "chat": {"id": 1}}},
+    ):
+        response = await client.post(WEBHOOK_PATH, json=body, headers=headers)
+        assert response.status == 200, body
+    assert "not an update" in caplog.text
+    assert collector.calls == []
+    update = fake.private_message(7, "good one", enqueue=False)
+    assert (await client.post(WEBHOOK_PATH, json=update, headers=headers)).status == 200
+    assert [m.text for m in collector.calls] == ["good one"]
+
+
+# -- golden fixtures ----------------------------------------------------------------------------
+
+FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("telegram_*.json"))
+ME = User(id=4242, is_bot=True, first_name="Gatehouse", username="gatehouse_bot")
+
+
+def test_there_are_golden_fixtures() -> None:
+    assert len(FIXTURES) >= 5
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+def test_golden_update(path: Path) -> None:
+    data = json.loads(path.read_text())
+    update = Update.de_json(data["update"], None)
+    assert update.message is not None
+    msg = to_inbound(update.message, ME)
+    assert msg is not None
+    got = dataclasses.asdict(msg)
+    got["attachments"] = [dict(a) for a in msg.attachments]
+    expected = data["expected"]
+    assert {k: got[k] for k in expected} == expected

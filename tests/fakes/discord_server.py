@@ -20,6 +20,13 @@ REST (paths are recorded relative to the API root, without ``/api/v10``):
   created; 404 ``Unknown Channel`` otherwise;
 - ``POST /channels/{id}/messages`` answers a message authored by the bot;
   ``POST /channels/{id}/typing`` answers 204.
+- ``fake.rate_limit_next_post(times=1, retry_after=0.05)`` makes the next ``times``
+  ``POST /channels/{id}/messages`` answer 429 the way Discord does (body ``{"message": "You are
+  being rate limited.", "retry_after": ..., "global": false}``, ``X-RateLimit-*`` and
+  ``Retry-After`` headers, and ``Via`` — without it discord.py takes a 429 for a Cloudflare ban
+  and gives up at once; pass ``via=False`` to get exactly that). Nothing is sent for a 429.
+- ``fake.listeners`` are called with every `RecordedCall` as it is answered (benchmarks use
+  this to time replies); each call also carries ``at`` (``time.perf_counter()`` on arrival).
 
 Every JSON answer carries ``Content-Type: application/json`` exactly (discord.py ignores bodies
 with a charset suffix). Anything else is a 404 with a Discord-shaped error body, and is recorded.
@@ -39,9 +46,10 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self, TypeAlias
@@ -91,6 +99,8 @@ class RecordedCall:
     json: Any = None
     query: dict[str, str] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
+    status: int = 200
+    at: float = field(default_factory=time.perf_counter)
 
 
 class FakeDiscord:
@@ -131,6 +141,9 @@ class FakeDiscord:
         """Every frame the client sent on the gateway (heartbeats included)."""
         self.connections = 0
         """Gateway websockets currently open."""
+        self.listeners: list[Callable[[RecordedCall], None]] = []
+        """Called with each REST call (after it is answered and recorded)."""
+        self._rate_limits: list[tuple[float, bool, bool]] = []
 
         self._cond = asyncio.Condition()
         self._outbox: asyncio.Queue[tuple[str, JSON]] = asyncio.Queue()
@@ -151,7 +164,7 @@ class FakeDiscord:
         await site.start()
         server = site._server
         assert server is not None
-        self._port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
 
     async def stop(self) -> None:
         for ws in list(self._sockets):
@@ -498,10 +511,47 @@ class FakeDiscord:
             headers={k.lower(): v for k, v in request.headers.items()},
         )
         response = self._answer(call)
+        if response.status != call.status:
+            call = replace(call, status=response.status)
         async with self._cond:
             self.calls.append(call)
             self._cond.notify_all()
+        for listener in list(self.listeners):
+            listener(call)
         return response
+
+    def rate_limit_next_post(
+        self,
+        times: int = 1,
+        *,
+        retry_after: float = 0.05,
+        global_: bool = False,
+        via: bool = True,
+    ) -> None:
+        """Answer the next ``times`` ``POST /channels/{id}/messages`` with a 429."""
+        self._rate_limits.extend([(retry_after, global_, via)] * times)
+
+    def _rate_limited(self, retry_after: float, global_: bool, via: bool) -> web.Response:
+        headers = {
+            "Content-Type": "application/json",
+            "Retry-After": str(max(1, math.ceil(retry_after))),
+            "X-RateLimit-Limit": "5",
+            "X-RateLimit-Remaining": "0",
+            "X-RateLimit-Reset": f"{time.time() + retry_after:.3f}",
+            "X-RateLimit-Reset-After": f"{retry_after:.3f}",
+            "X-RateLimit-Bucket": "fake-messages-bucket",
+            "X-RateLimit-Scope": "shared" if not global_ else "global",
+        }
+        if global_:
+            headers["X-RateLimit-Global"] = "true"
+        if via:
+            headers["Via"] = "1.1 google"
+        body = {
+            "message": "You are being rate limited.",
+            "retry_after": retry_after,
+            "global": global_,
+        }
+        return web.Response(status=429, body=json.dumps(body).encode(), headers=headers)
 
     def _answer(self, call: RecordedCall) -> web.Response:
         parts = call.path.strip("/").split("/")
@@ -549,6 +599,8 @@ class FakeDiscord:
             if method == "POST" and parts[2:] == ["typing"]:
                 return web.Response(status=204)
             if method == "POST" and parts[2:] == ["messages"] and isinstance(call.json, dict):
+                if self._rate_limits:
+                    return self._rate_limited(*self._rate_limits.pop(0))
                 sent = self.message(
                     call.json.get("content") or "",
                     channel_id=channel_id,

@@ -13,7 +13,11 @@ unknown method 404, both in the Bot API's ``{"ok": false, ...}`` shape.
 PTB sends ``application/x-www-form-urlencoded`` bodies whose values are JSON (strings are sent
 raw); each field is decoded back. ``sendMessage`` with a ``reply_parameters.message_id`` the
 fake does not know (never queued/sent, or removed with ``forget_message``) answers
-``400 Bad Request: message to be replied not found`` like Telegram does.
+``400 Bad Request: message to be replied not found`` like Telegram does. With
+``parse_mode="HTML"`` the text is checked against Telegram's HTML subset (known tags, balanced,
+entities escaped); a violation answers ``400 Bad Request: can't parse entities: ...``.
+``rate_limit(method, retry_after)`` makes the next call(s) answer ``429`` with
+``parameters.retry_after`` like Telegram's flood control.
 """
 
 from __future__ import annotations
@@ -25,12 +29,13 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from types import TracebackType
 from typing import Any, Self, TypeAlias
 
 from aiohttp import web
 
-__all__ = ["Call", "FakeTelegram", "entity"]
+__all__ = ["Call", "FakeTelegram", "entity", "html_problem"]
 
 JSON: TypeAlias = dict[str, Any]
 
@@ -95,6 +100,10 @@ class FakeTelegram:
         self.webhook: JSON = {}
         self.fail_next: dict[str, tuple[int, str]] = {}
         """method -> (HTTP status, description) answered once instead of the normal result."""
+        self.on_call: Callable[[Call], None] | None = None
+        """Called synchronously with every request as it arrives (benchmarks time replies)."""
+        self.rate_limited: dict[str, list[int]] = {}
+        """method -> retry_after values, one 429 answered per value (see `rate_limit`)."""
         self._cond = asyncio.Condition()
         self._new_update = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -184,6 +193,13 @@ class FakeTelegram:
         self._new_update.set()
         self._new_update = asyncio.Event()
         return update
+
+    def rate_limit(self, method: str, retry_after: int = 1, times: int = 1) -> None:
+        """Answer the next ``times`` calls of ``method`` with 429 and ``retry_after`` seconds.
+
+        PTB treats ``retry_after=0`` as absent (a plain NetworkError), as Telegram never sends 0.
+        """
+        self.rate_limited.setdefault(method, []).extend([retry_after] * times)
 
     def forget_message(self, chat_id: int, message_id: int) -> None:
         """Make the message unknown (deleted): replies to it fail with "not found"."""
@@ -325,12 +341,22 @@ class FakeTelegram:
         if request.match_info["token"] != self.token:
             return _error(401, "Unauthorized")
         params = await self._params(request)
+        call = Call(method, params)
+        if self.on_call is not None:
+            self.on_call(call)
         async with self._cond:
-            self.calls.append(Call(method, params))
+            self.calls.append(call)
             self._cond.notify_all()
         if method in self.fail_next:
             status, description = self.fail_next.pop(method)
             return _error(status, description)
+        if self.rate_limited.get(method):
+            retry_after = self.rate_limited[method].pop(0)
+            return _error(
+                429,
+                f"Too Many Requests: retry after {retry_after}",
+                parameters={"retry_after": retry_after},
+            )
         handler = self._methods().get(method)
         if handler is None:
             return _error(404, "Not Found: method not found")
@@ -386,6 +412,10 @@ class FakeTelegram:
 
     async def _send_message(self, params: JSON) -> web.Response:
         chat_id = int(params["chat_id"])
+        if str(params.get("parse_mode", "")).lower() == "html":
+            problem = html_problem(str(params.get("text", "")))
+            if problem is not None:
+                return _error(400, f"Bad Request: can't parse entities: {problem}")
         reply = params.get("reply_parameters") or {}
         reply_id = reply.get("message_id") if isinstance(reply, dict) else None
         if reply_id is not None and (chat_id, int(reply_id)) not in self._known:
@@ -426,7 +456,64 @@ def _ok(result: Any) -> web.Response:
     return web.json_response({"ok": True, "result": result})
 
 
-def _error(status: int, description: str) -> web.Response:
-    return web.json_response(
-        {"ok": False, "error_code": status, "description": description}, status=status
-    )
+def _error(status: int, description: str, parameters: JSON | None = None) -> web.Response:
+    body: JSON = {"ok": False, "error_code": status, "description": description}
+    if parameters:
+        body["parameters"] = parameters
+    return web.json_response(body, status=status)
+
+
+TELEGRAM_HTML_TAGS = frozenset(
+    {"b", "strong", "i", "em", "u", "ins", "s", "strike", "del", "code", "pre", "a"}
+    | {"blockquote", "span", "tg-spoiler", "tg-emoji"}
+)
+
+
+class _TelegramHTML(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=False)
+        self.stack: list[str] = []
+        self.problem: str | None = None
+
+    def _fail(self, problem: str) -> None:
+        if self.problem is None:
+            self.problem = problem
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag not in TELEGRAM_HTML_TAGS:
+            self._fail(f'unsupported start tag "{tag}"')
+        elif tag == "blockquote" and "blockquote" in self.stack:
+            self._fail("nested blockquote")
+        elif tag == "a" and not dict(attrs).get("href"):
+            self._fail("link without href")
+        self.stack.append(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        if not self.stack or self.stack[-1] != tag:
+            self._fail(f'unmatched end tag "{tag}"')
+        else:
+            self.stack.pop()
+
+    def handle_data(self, data: str) -> None:
+        if "<" in data or ">" in data:
+            self._fail("unescaped < or >")
+
+    def handle_entityref(self, name: str) -> None:
+        if name not in ("lt", "gt", "amp", "quot"):
+            self._fail(f"unsupported entity &{name};")
+
+
+def html_problem(text: str) -> str | None:
+    """Why Telegram would refuse ``text`` as ``parse_mode=HTML`` (a close approximation), or None."""
+    if "&" in text.replace("&lt;", "").replace("&gt;", "").replace("&amp;", "").replace(
+        "&quot;", ""
+    ).replace("&#", ""):
+        return "unescaped &"
+    parser = _TelegramHTML()
+    parser.feed(text)
+    parser.close()
+    if parser.problem is None and parser.stack:
+        return f'unclosed tag "{parser.stack[-1]}"'
+    if parser.problem is None and parser.rawdata:
+        return "unterminated tag"
+    return parser.problem

@@ -1,0 +1,179 @@
+"""Benchmark: Telegram messages through the fake Bot API — bare PTB echo bot vs. Gatehouse.
+
+Latency is measured from queueing an update in the fake (``FakeTelegram.private_message``) to
+the reply's ``sendMessage`` arriving at the fake; both paths long-poll ``getUpdates`` with PTB.
+
+- ``bare PTB echo bot``: the floor — a minimal PTB `Application` (``concurrent_updates``) with a
+  `MessageHandler` that sends the text straight back.
+- ``gatehouse``: a real `Gateway` (tmp data dir, SQLite, ``dm_policy = "open"``) with the
+  `TelegramChannel`, answering through a zero-latency `FakeOpenAI` echo: persist, session lane,
+  prompt assembly, one chat-completion call, Markdown -> HTML, ``sendMessage``.
+
+``concurrency`` private chats send in parallel; each chat waits for its reply before sending
+its next message (so no two messages of one session are in flight, which Gatehouse would
+answer with one collected reply). Everything shares one event loop on loopback.
+
+    .venv/bin/python bench/channel_telegram.py [--messages 200] [--concurrency 20]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse
+import asyncio
+import itertools
+import re
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from telegram import Update
+from telegram.ext import ApplicationBuilder, ContextTypes, MessageHandler, filters
+
+from channels.telegram import TelegramChannel
+from gateway.app import Gateway
+from gateway.config import parse_config
+from tests.fakes import FakeOpenAI
+from tests.fakes.telegram_server import Call, FakeTelegram
+
+_MARK = re.compile(r"bench (\d+)")
+_FIRST_USER = 10_000
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def _drive(fake: FakeTelegram, messages: int, concurrency: int) -> tuple[float, list[float]]:
+    """Send `messages` over `concurrency` chats; (wall seconds, per-message latencies)."""
+    loop = asyncio.get_running_loop()
+    waiting: dict[int, asyncio.Future[float]] = {}
+
+    def on_call(call: Call) -> None:
+        if call.method != "sendMessage":
+            return
+        match = _MARK.search(str(call.params.get("text", "")))
+        future = waiting.get(int(match.group(1))) if match else None
+        if future is not None and not future.done():
+            future.set_result(time.perf_counter())
+
+    counter = itertools.count()
+    latencies: list[float] = []
+
+    async def chat(user_id: int) -> None:
+        while (i := next(counter)) < messages:
+            future: asyncio.Future[float] = loop.create_future()
+            waiting[i] = future
+            began = time.perf_counter()
+            fake.private_message(user_id, f"bench {i}")
+            latencies.append(await asyncio.wait_for(future, 30) - began)
+
+    fake.on_call = on_call
+    try:
+        began = time.perf_counter()
+        await asyncio.gather(*(chat(_FIRST_USER + n) for n in range(concurrency)))
+        wall = time.perf_counter() - began
+    finally:
+        fake.on_call = None
+    return wall, latencies
+
+
+def _row(path: str, messages: int, wall: float, latencies: list[float]) -> dict[str, Any]:
+    return {
+        "platform": "telegram",
+        "path": path,
+        "messages": messages,
+        "msgs_per_s": round(messages / wall, 1),
+        "p50_ms": round(pct(latencies, 0.50) * 1000, 2),
+        "p99_ms": round(pct(latencies, 0.99) * 1000, 2),
+    }
+
+
+async def _measured(
+    fake: FakeTelegram, messages: int, concurrency: int
+) -> tuple[float, list[float]]:
+    await _drive(fake, concurrency, concurrency)  # warm-up: connections, sessions, caches
+    return await _drive(fake, messages, concurrency)
+
+
+async def _bare(messages: int, concurrency: int) -> dict[str, Any]:
+    async def echo(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        message = update.effective_message
+        if message is not None and message.text:
+            await context.bot.send_message(message.chat_id, message.text)
+
+    async with FakeTelegram() as fake:
+        app = (
+            ApplicationBuilder()
+            .token(fake.token)
+            .base_url(f"{fake.base_url}/bot")
+            .concurrent_updates(True)
+            .job_queue(None)
+            .build()
+        )
+        app.add_handler(MessageHandler(filters.TEXT, echo))
+        async with app:
+            assert app.updater is not None
+            await app.updater.start_polling(timeout=30)
+            await app.start()
+            try:
+                wall, latencies = await _measured(fake, messages, concurrency)
+            finally:
+                await app.updater.stop()
+                await app.stop()
+    return _row("bare PTB echo bot", messages, wall, latencies)
+
+
+async def _gatehouse(messages: int, concurrency: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="gatehouse-bench-") as tmp:
+        async with FakeOpenAI() as llm, FakeTelegram() as fake:
+            config = parse_config(
+                {
+                    "gateway": {"data_dir": tmp, "max_concurrent_turns": concurrency},
+                    "web": {"port": 0},
+                    "llm": {
+                        "base_url": llm.base_url,
+                        "api_key": "x",
+                        "model": "fake-model",
+                        "stream": False,
+                    },
+                    "channels": {
+                        "telegram": {
+                            "enabled": True,
+                            "token": fake.token,
+                            "base_url": fake.base_url,
+                            "dm_policy": "open",
+                        }
+                    },
+                },
+                "bench",
+            )
+            gateway = Gateway(config)
+            gateway.add_channel(TelegramChannel(config.channels.telegram))
+            await gateway.start()
+            try:
+                wall, latencies = await _measured(fake, messages, concurrency)
+            finally:
+                await gateway.stop()
+    return _row("gatehouse", messages, wall, latencies)
+
+
+async def measure(messages: int = 200, concurrency: int = 20) -> list[dict[str, Any]]:
+    """Two rows: the bare PTB echo floor and Gatehouse, same fake Bot API, same load."""
+    paths: list[Callable[[int, int], Awaitable[dict[str, Any]]]] = [_bare, _gatehouse]
+    return [await path(messages, concurrency) for path in paths]
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--messages", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, default=20)
+    args = parser.parse_args()
+    for row in asyncio.run(measure(args.messages, args.concurrency)):
+        print(row)

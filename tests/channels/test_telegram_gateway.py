@@ -1,0 +1,93 @@
+"""The Telegram channel inside a real Gateway: fake Bot API + fake OpenAI, real PTB and store."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from channels.telegram import TelegramChannel
+from gateway.app import Gateway
+from tests.conftest import MakeConfig
+from tests.fakes import FakeOpenAI
+from tests.fakes.telegram_server import FakeTelegram, entity
+
+GROUP = -1001234567890
+
+
+@pytest.fixture
+async def tg() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram() as server:
+        yield server
+
+
+@pytest.fixture
+async def gateway(
+    fake_llm: FakeOpenAI, make_config: MakeConfig, tg: FakeTelegram
+) -> AsyncIterator[Gateway]:
+    config = make_config(
+        fake_llm,
+        channels={"telegram": {"enabled": True, "token": tg.token, "base_url": tg.base_url}},
+    )
+    gw = Gateway(config)
+    gw.add_channel(TelegramChannel(config.channels.telegram))
+    await gw.start()
+    try:
+        yield gw
+    finally:
+        await gw.stop(grace=2)
+
+
+def _to(chat_id: int) -> Callable[[dict[str, Any]], bool]:
+    return lambda params: params.get("chat_id") == chat_id
+
+
+async def test_pairing_then_answer(
+    gateway: Gateway, tg: FakeTelegram, fake_llm: FakeOpenAI
+) -> None:
+    tg.private_message(7, "hello, who are you?")
+    [pairing] = await tg.wait_for_call("sendMessage", where=_to(7))
+    match = re.search(r"pairing code is (\w+)", pairing["text"])
+    assert match, pairing["text"]
+    assert fake_llm.requests == []  # nothing reaches the model before approval
+
+    assert await gateway.store.decide_pairing(match.group(1), "approved") is not None
+    question = tg.private_message(7, "what is 2+2?")
+    sent = await tg.wait_for_call("sendMessage", n=2, where=_to(7))
+    answer = sent[1]
+    assert answer["parse_mode"] == "HTML"
+    assert answer["text"] == "echo: what is 2+2?"
+    assert answer["reply_parameters"]["message_id"] == question["message"]["message_id"]
+    assert len(fake_llm.requests) == 1
+
+
+async def test_group_mention_answered_unmentioned_not(
+    gateway: Gateway, tg: FakeTelegram, fake_llm: FakeOpenAI
+) -> None:
+    tg.group_message(GROUP, 7, "just chatting among ourselves")
+    text = "@gatehouse_bot say hi"
+    tg.group_message(GROUP, 8, text, entities=[entity(text, "@gatehouse_bot")])
+    [reply] = await tg.wait_for_call("sendMessage", where=_to(GROUP))
+    assert "say hi" in reply["text"]
+    assert "@gatehouse_bot" not in reply["text"]
+    await asyncio.sleep(0.3)  # give a wrong second answer the chance to show up
+    assert len(tg.calls_to("sendMessage")) == 1
+    assert len(fake_llm.requests) == 1
+
+
+async def test_redelivered_update_is_answered_once(
+    gateway: Gateway, tg: FakeTelegram, fake_llm: FakeOpenAI
+) -> None:
+    text = "@gatehouse_bot count me once"
+    update = tg.group_message(GROUP, 7, text, entities=[entity(text, "@gatehouse_bot")])
+    # Telegram delivers the same message again (e.g. after a crash before confirmation).
+    tg.queue_update({**update, "update_id": update["update_id"] + 1000})
+    await tg.wait_for_call("sendMessage", where=_to(GROUP))
+    last = update["update_id"] + 1000
+    await tg.wait_for_call("getUpdates", where=lambda p: int(p.get("offset") or 0) > last)
+    await asyncio.sleep(0.3)
+    assert len(tg.calls_to("sendMessage")) == 1
+    assert len(fake_llm.requests) == 1
