@@ -40,11 +40,23 @@ Events:
   ``bot_message``, ``channel_join``/``channel_leave``, topic/purpose changes and the rest are
   dropped. Other event types are acked by a catch-all listener so Slack does not retry them.
 - Slack escapes ``&``, ``<`` and ``>`` in message text; inbound text is unescaped, outbound text
-  is escaped (after chunking, re-chunking when the entities would push a chunk past the limit).
+  is escaped once, by the mrkdwn renderer (see Outbound).
 
-Outbound: ``chunk_text(text, SLACK_LIMIT)`` and one ``chat.postMessage`` per chunk, with
-``thread_ts = thread_id``. Slack's default ``mrkdwn`` rendering is left on: code fences render as
-code blocks; Markdown-only syntax such as ``**bold**`` shows up literally.
+Malformed events (no channel, no user, a non-string ``text`` / ``ts`` / ``thread_ts``, a
+non-object ``user_profile``) are dropped with a warning instead of raising in the listener.
+
+Outbound: models write Markdown; Slack renders its own ``mrkdwn``. The reply is chunked as
+Markdown (``chunk_text(text, SLACK_LIMIT)``, fences kept balanced), each chunk is parsed with
+markdown-it-py and rendered as mrkdwn by ``markdown_to_mrkdwn`` (``**b**`` -> ``*b*``, ``*i*`` ->
+``_i_``, ``~~s~~`` -> ``~s~``, ``[t](u)`` -> ``<u|t>``, headings -> a bold line, list items ->
+``"• "`` / ``"1. "``, fences -> ``` blocks without the language tag). The renderer is the only
+place that escapes ``&``, ``<`` and ``>`` -- code included, because Slack treats ``<...>`` as a
+control sequence (``<!channel>``) even inside backticks and unescapes entities in code too. A
+converted chunk over the limit is re-chunked from its Markdown with a smaller budget. One
+``chat.postMessage`` per chunk, with ``thread_ts = thread_id``.
+
+Rate limits: the Web client carries slack-sdk's ``AsyncRateLimitErrorRetryHandler``, so a 429 is
+retried after its ``Retry-After`` (at most ``RATE_LIMIT_RETRIES`` times) before raising.
 """
 
 from __future__ import annotations
@@ -57,9 +69,17 @@ from collections import OrderedDict
 from typing import Any
 
 from aiohttp import web
+from markdown_it import MarkdownIt
+from markdown_it.tree import SyntaxTreeNode
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
+from slack_sdk.http_retry.builtin_async_handlers import (
+    AsyncConnectionErrorRetryHandler,
+    AsyncRateLimitErrorRetryHandler,
+)
+from slack_sdk.socket_mode.request import SocketModeRequest
+from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.base import (
@@ -78,6 +98,8 @@ EVENTS_PATH = "/slack/events"
 DEFAULT_API_URL = "https://slack.com/api/"
 ACCEPTED_SUBTYPES = frozenset({None, "file_share", "thread_broadcast", "me_message"})
 """Message subtypes that are a person talking; every other subtype is ignored."""
+RATE_LIMIT_RETRIES = 3
+"""How many times a 429 answer is retried (after its ``Retry-After``) before giving up."""
 _SEEN_LIMIT = 2048
 _STOP_GRACE = 10.0
 
@@ -90,19 +112,139 @@ def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def slack_chunks(text: str, limit: int = SLACK_LIMIT) -> list[str]:
-    """Chunks of at most ``limit`` characters *after* Slack's ``&``/``<``/``>`` escaping."""
+_MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable("strikethrough")
+_MIN_BUDGET = 16
+
+
+def _inline(node: SyntaxTreeNode, *, bold: bool = False) -> str:
+    """Render inline children as mrkdwn; ``bold`` drops nested bold markers (headings)."""
     out: list[str] = []
-    for chunk in chunk_text(text, limit):
-        escaped = _escape(chunk)
-        if len(escaped) <= limit:
-            out.append(escaped)
+    for child in node.children:
+        kind = child.type
+        if kind == "text":
+            out.append(_escape(child.content))
+        elif kind in ("softbreak", "hardbreak"):
+            out.append("\n")
+        elif kind == "code_inline":
+            out.append(f"`{_escape(child.content)}`")
+        elif kind == "strong":
+            inner = _inline(child, bold=True)
+            out.append(inner if bold else f"*{inner}*")
+        elif kind == "em":
+            out.append(f"_{_inline(child, bold=bold)}_")
+        elif kind == "s":
+            out.append(f"~{_inline(child, bold=bold)}~")
+        elif kind in ("link", "image"):
+            attr = child.attrs.get("href" if kind == "link" else "src")
+            href = _escape(str(attr or "")).replace("|", "%7C")
+            label = _inline(child, bold=bold) if kind == "link" else _escape(child.content)
+            if not href:
+                out.append(label)
+            elif not label or label == href or child.markup == "autolink":
+                out.append(f"<{href}>")
+            else:
+                out.append(f"<{href}|{label}>")
+        elif kind == "html_inline":
+            out.append(_escape(child.content))
+        else:  # an unknown inline rule: keep its text
+            out.append(_inline(child, bold=bold) if child.children else _escape(child.content))
+    return "".join(out)
+
+
+def _blocks(nodes: list[SyntaxTreeNode], sep: str) -> str:
+    return sep.join(part for part in (_block(n) for n in nodes) if part)
+
+
+def _list(node: SyntaxTreeNode) -> str:
+    number = int(node.attrs.get("start", 1) or 1)
+    items: list[str] = []
+    for item in node.children:
+        marker = f"{number}. " if node.type == "ordered_list" else "• "
+        number += 1
+        body = _blocks(item.children, "\n").split("\n")
+        pad = " " * 4
+        items.append("\n".join([marker + body[0], *(pad + line for line in body[1:])]))
+    return "\n".join(items)
+
+
+def _block(node: SyntaxTreeNode) -> str:
+    kind = node.type
+    if kind == "paragraph" or kind == "inline":
+        return _inline(node.children[0] if kind == "paragraph" else node)
+    if kind == "heading":
+        return f"*{_inline(node.children[0], bold=True)}*"
+    if kind in ("bullet_list", "ordered_list"):
+        return _list(node)
+    if kind in ("fence", "code_block"):
+        code = node.content if node.content.endswith("\n") else node.content + "\n"
+        return f"```\n{_escape(code)}```"
+    if kind == "blockquote":
+        inner = _blocks(node.children, "\n")
+        return "\n".join(f"> {line}" if line else ">" for line in inner.split("\n"))
+    if kind == "hr":
+        return "———"
+    if kind == "html_block":
+        return _escape(node.content.rstrip("\n"))
+    return _blocks(node.children, "\n\n") if node.children else _escape(node.content)
+
+
+def markdown_to_mrkdwn(text: str) -> str:
+    """Render Markdown as Slack ``mrkdwn``, with ``&``/``<``/``>`` escaped exactly once."""
+    root = SyntaxTreeNode(_MARKDOWN.parse(text))
+    return _blocks(root.children, "\n\n")
+
+
+def slack_chunks(text: str, limit: int = SLACK_LIMIT) -> list[str]:
+    """mrkdwn chunks of at most ``limit`` characters: Markdown is chunked first, then each chunk
+    converted (and escaped); a chunk that grew past ``limit`` is re-chunked from its Markdown."""
+    return _render_chunks(text, limit, limit)
+
+
+def _render_chunks(text: str, budget: int, limit: int) -> list[str]:
+    out: list[str] = []
+    for chunk in chunk_text(text, budget):
+        converted = markdown_to_mrkdwn(chunk)
+        if len(converted) <= limit:
+            if converted:
+                out.append(converted)
             continue
-        # Entities can grow a character to 5; shrink the budget by this chunk's growth (a piece
-        # never grows more than its whole chunk did), with a floor that fits even all-"&" text.
-        smaller = max(limit - (len(escaped) - len(chunk)), limit // 5)
-        out.extend(_escape(piece) for piece in chunk_text(chunk, smaller))
+        # Escaping can grow a character to 5; shrink the Markdown budget by this chunk's growth.
+        smaller = max(len(chunk) * limit // len(converted) - 1, _MIN_BUDGET)
+        if smaller >= len(chunk):  # cannot shrink further: hard-split the rendered text
+            out.extend(converted[i : i + limit] for i in range(0, len(converted), limit))
+        else:
+            out.extend(_render_chunks(chunk, smaller, limit))
     return out
+
+
+_MALFORMED_EVENT = "gatehouse_malformed_event"
+"""Stands in for an ``event`` that is not an object, so bolt acks it through the catch-all."""
+
+
+def _sanitize_body(body: Any) -> dict[str, Any] | None:
+    """The request body with a non-object ``event`` replaced; None when it is not an object."""
+    if not isinstance(body, dict):
+        log.warning("slack: ignoring a malformed request (body is a %s)", type(body).__name__)
+        return None
+    if body.get("type") == "event_callback" and not isinstance(body.get("event"), dict):
+        log.warning(
+            "slack: ignoring a malformed event_callback (event is a %s)",
+            type(body.get("event")).__name__,
+        )
+        return {**body, "event": {"type": _MALFORMED_EVENT}}
+    return body
+
+
+class _SocketModeHandler(AsyncSocketModeHandler):
+    """bolt's handler, with malformed envelopes acked and dropped instead of crashing bolt."""
+
+    async def handle(self, client: Any, req: SocketModeRequest) -> None:
+        body = _sanitize_body(req.payload)
+        if body is None:
+            await client.send_socket_mode_response(SocketModeResponse(envelope_id=req.envelope_id))
+            return
+        req.payload = body
+        await super().handle(client, req)
 
 
 class SlackChannel:
@@ -126,7 +268,14 @@ class SlackChannel:
         api_url = settings.base_url or DEFAULT_API_URL
         if not api_url.endswith("/"):
             api_url += "/"
-        self.client = AsyncWebClient(token=settings.bot_token, base_url=api_url)
+        self.client = AsyncWebClient(
+            token=settings.bot_token,
+            base_url=api_url,
+            retry_handlers=[
+                AsyncConnectionErrorRetryHandler(),
+                AsyncRateLimitErrorRetryHandler(max_retry_count=RATE_LIMIT_RETRIES),
+            ],
+        )
         self.app = AsyncApp(
             client=self.client,
             name="gatehouse",
@@ -143,7 +292,7 @@ class SlackChannel:
         self._mention: re.Pattern[str] | None = None
         self._handler: InboundHandler | None = None
         self._accepting = False
-        self._socket: AsyncSocketModeHandler | None = None
+        self._socket: _SocketModeHandler | None = None
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._inflight: set[asyncio.Task[Any]] = set()
 
@@ -151,14 +300,11 @@ class SlackChannel:
 
     async def start(self, on_message: InboundHandler) -> None:
         auth = await self.client.auth_test()
-        self.bot_user_id = auth.get("user_id")
-        self.bot_id = auth.get("bot_id")
-        if self.bot_user_id:
-            self._mention = re.compile(rf"<@{re.escape(self.bot_user_id)}(?:\|[^>]*)?>")
+        self._identify(auth.get("user_id"), auth.get("bot_id"))
         self._handler = on_message
         self._accepting = True
         if self.mode == "socket":
-            handler = AsyncSocketModeHandler(self.app, self.settings.app_token, logger=log)
+            handler = _SocketModeHandler(self.app, self.settings.app_token, logger=log)
             try:
                 # Issue the URL here so a bad app token raises instead of reconnecting forever.
                 handler.client.wss_uri = await handler.client.issue_new_wss_url()
@@ -204,7 +350,16 @@ class SlackChannel:
         if not self._accepting:
             # Not started (or stopping): Slack retries later; nothing was acked.
             return web.Response(status=503, text="slack channel is not running")
-        bolt_response = await self.app.async_dispatch(await to_bolt_request(request))
+        try:
+            bolt_request = await to_bolt_request(request)
+        except (ValueError, TypeError, AttributeError) as exc:  # not JSON / not an object
+            log.warning("slack: ignoring a malformed HTTP request (%s)", exc)
+            return web.Response(status=400, text="malformed request body")
+        body = _sanitize_body(bolt_request.body)
+        if body is None:
+            return web.Response(status=400, text="malformed request body")
+        bolt_request.body = body
+        bolt_response = await self.app.async_dispatch(bolt_request)
         return await to_aiohttp_response(bolt_response)
 
     # -- outbound ---------------------------------------------------------------------------
@@ -217,7 +372,14 @@ class SlackChannel:
 
     # -- inbound ----------------------------------------------------------------------------
 
-    async def _on_message_event(self, event: dict[str, Any]) -> None:
+    def normalize(self, event: Any) -> InboundMessage | None:
+        """Normalize a ``message`` / ``app_mention`` event, or None when it is not a person's
+        message (or is malformed)."""
+        if not isinstance(event, dict):
+            log.warning("slack: ignoring a malformed event (not an object)")
+            return None
+        if event.get("type") == "app_mention":
+            return self.to_inbound(event, "channel", mentioned=True)
         channel_type = event.get("channel_type")
         chat_type: ChatType
         if channel_type == "im":
@@ -226,23 +388,48 @@ class SlackChannel:
             chat_type = "group"
         else:
             chat_type = "channel"
-        await self._dispatch(event, chat_type, mentioned=False)
+        return self.to_inbound(event, chat_type)
+
+    async def _on_message_event(self, event: dict[str, Any]) -> None:
+        await self._dispatch(event)
 
     async def _on_mention_event(self, event: dict[str, Any]) -> None:
-        await self._dispatch(event, "channel", mentioned=True)
+        await self._dispatch(event)
 
     async def _on_other_event(self) -> None:
         """Ack event types we don't use, so Slack doesn't retry them."""
 
+    def _identify(self, bot_user_id: str | None, bot_id: str | None) -> None:
+        self.bot_user_id = bot_user_id
+        self.bot_id = bot_id
+        self._mention = (
+            re.compile(rf"<@{re.escape(bot_user_id)}(?:\|[^>]*)?>") if bot_user_id else None
+        )
+
+    @staticmethod
+    def _malformed(event: dict[str, Any]) -> str | None:
+        if not isinstance(event.get("channel"), str) or not event["channel"]:
+            return "no channel"
+        if not isinstance(event.get("user"), str) or not event["user"]:
+            return "no user"
+        for key in ("text", "ts", "event_ts", "thread_ts"):
+            if event.get(key) is not None and not isinstance(event[key], str):
+                return f"{key} is a {type(event[key]).__name__}, not a string"
+        if event.get("user_profile") is not None and not isinstance(event["user_profile"], dict):
+            return "user_profile is not an object"
+        if event.get("files") is not None and not isinstance(event["files"], list):
+            return "files is not a list"
+        return None
+
     def _ignored(self, event: dict[str, Any]) -> str | None:
-        if event.get("subtype") not in ACCEPTED_SUBTYPES:
-            return f"subtype {event.get('subtype')}"
+        subtype = event.get("subtype")
+        if subtype is not None and (
+            not isinstance(subtype, str) or subtype not in ACCEPTED_SUBTYPES
+        ):
+            return f"subtype {subtype!r}"
         if event.get("bot_id") or event.get("bot_profile"):
             return "bot message"
-        user = event.get("user")
-        if not user:
-            return "no user"
-        if user == self.bot_user_id:
+        if event.get("user") == self.bot_user_id:
             return "own message"
         return None
 
@@ -253,6 +440,10 @@ class SlackChannel:
         reason = self._ignored(event)
         if reason is not None:
             log.debug("slack: ignoring %s event (%s)", event.get("type"), reason)
+            return None
+        problem = self._malformed(event)
+        if problem is not None:
+            log.warning("slack: ignoring a malformed %s event (%s)", event.get("type"), problem)
             return None
         text = event.get("text") or ""
         if self._mention is not None:
@@ -275,9 +466,8 @@ class SlackChannel:
         ts = str(event.get("ts") or event.get("event_ts") or "")
         thread_ts = event.get("thread_ts")
         profile = event.get("user_profile") or {}
-        sender_name = (
-            profile.get("display_name") or profile.get("real_name") or profile.get("name") or None
-        )
+        names = (profile.get(k) for k in ("display_name", "real_name", "name"))
+        sender_name = next((n for n in names if isinstance(n, str) and n), None)
         try:
             timestamp = float(ts)
         except ValueError:
@@ -297,14 +487,12 @@ class SlackChannel:
             timestamp=timestamp,
         )
 
-    async def _dispatch(
-        self, event: dict[str, Any], chat_type: ChatType, *, mentioned: bool
-    ) -> None:
+    async def _dispatch(self, event: Any) -> None:
         handler = self._handler
         if handler is None:
             log.warning("slack: dropping an event that arrived while the channel is stopped")
             return
-        msg = self.to_inbound(event, chat_type, mentioned=mentioned)
+        msg = self.normalize(event)
         if msg is None:
             return
         key = f"{msg.chat_id}:{msg.platform_message_id}"

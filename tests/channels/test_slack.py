@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import asdict, fields
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,7 +19,7 @@ from slack_sdk.errors import SlackApiError
 
 from channels.base import InboundMessage, InboundResult, OutboundMessage
 from channels.formatting import SLACK_LIMIT
-from channels.slack import SlackChannel
+from channels.slack import SlackChannel, markdown_to_mrkdwn, slack_chunks
 from gateway.config import SlackSettings
 from tests.fakes.slack_server import (
     BOT_USER_ID,
@@ -24,6 +28,7 @@ from tests.fakes.slack_server import (
     bot_message,
     channel_message,
     event_callback,
+    events_api_envelope,
     im_message,
     message_changed,
     message_deleted,
@@ -33,6 +38,7 @@ from tests.fakes.slack_server import (
 )
 
 SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 class Collector:
@@ -321,8 +327,9 @@ async def test_long_reply_is_chunked_with_balanced_fences(
         assert "thread_ts" not in post
         fences = [line for line in post["text"].split("\n") if line.lstrip().startswith("```")]
         assert len(fences) % 2 == 0, post["text"]
-    # The code block was split and re-opened with its language tag.
-    assert sum(p["text"].startswith("```python") for p in posts) >= 2
+    # The code block was split and re-opened in each chunk (mrkdwn fences carry no language tag).
+    assert sum(p["text"].startswith("```\n") for p in posts) >= 2
+    assert not any("```python" in p["text"] for p in posts)
     joined = "\n".join(p["text"] for p in posts)
     assert "value_0 = compute(0)" in joined and "value_139 = compute(139)" in joined
     assert joined.rstrip().endswith("Done.")
@@ -414,3 +421,181 @@ async def test_http_before_start_is_unavailable(fake: FakeSlack) -> None:
             "/slack/events", data=body, headers=signed_headers(SECRET, body)
         )
         assert response.status == 503
+
+
+# -- Markdown -> mrkdwn ----------------------------------------------------------------------
+
+MRKDWN_GOLDENS = [
+    ("**bold** and __also bold__", "*bold* and *also bold*"),
+    ("*italic* and _italic_", "_italic_ and _italic_"),
+    ("~~gone~~", "~gone~"),
+    ("use `a < b && c`", "use `a &lt; b &amp;&amp; c`"),
+    ("***both***", "_*both*_"),
+    ("[the docs](https://example.com/a?b=1&c=2)", "<https://example.com/a?b=1&amp;c=2|the docs>"),
+    ("see <https://example.com>", "see <https://example.com>"),
+    ("[**bold link**](https://x.io)", "<https://x.io|*bold link*>"),
+    ("# Title\n\n## Sub **x**\n\nbody", "*Title*\n\n*Sub x*\n\nbody"),
+    ("- one\n- two **2**\n  - nested", "• one\n• two *2*\n    • nested"),
+    ("3. three\n4. four", "3. three\n4. four"),
+    ("* star item\n+ plus item", "• star item\n\n• plus item"),
+    ("```python\nif a < b and **x**:\n    pass\n```", "```\nif a &lt; b and **x**:\n    pass\n```"),
+    ("    indented code", "```\nindented code\n```"),
+    ("> quoted\n> text", "> quoted\n> text"),
+    ("a\n\n---\n\nb", "a\n\n———\n\nb"),
+    ("line one\nline two", "line one\nline two"),
+    ("if a < b && b > c", "if a &lt; b &amp;&amp; b &gt; c"),
+    ("<!channel> <@U123> <b>hi</b>", "&lt;!channel&gt; &lt;@U123&gt; &lt;b&gt;hi&lt;/b&gt;"),
+    ("already &amp; escaped", "already &amp; escaped"),
+    ("snake_case_name and 2*3*4", "snake_case_name and 2_3_4"),
+    ("", ""),
+]
+
+
+@pytest.mark.parametrize(("markdown", "mrkdwn"), MRKDWN_GOLDENS)
+def test_markdown_to_mrkdwn(markdown: str, mrkdwn: str) -> None:
+    assert markdown_to_mrkdwn(markdown) == mrkdwn
+
+
+def test_slack_chunks_convert_each_markdown_chunk() -> None:
+    para = "**word** " * 500  # ~4500 chars of Markdown, ~3500 once converted
+    chunks = slack_chunks(f"{para}\n\n{para}")
+    assert len(chunks) >= 2
+    assert all(len(c) <= SLACK_LIMIT for c in chunks)
+    assert all("**" not in c for c in chunks)
+    assert sum(c.count("*word*") for c in chunks) == 1000
+
+
+def test_slack_chunks_resplit_when_escaping_grows_a_chunk() -> None:
+    chunks = slack_chunks("a & b " * 1_300)  # every chunk grows by 4 chars per "&"
+    assert all(len(c) <= SLACK_LIMIT for c in chunks)
+    assert sum(c.count("&amp;") for c in chunks) == 1_300
+    assert not any("&amp;amp;" in c for c in chunks)
+
+
+async def test_send_posts_mrkdwn(fake: FakeSlack, socket_channel: SlackChannel) -> None:
+    text = (
+        "## Result\n\nThe **build** is _green_; see [the log](https://ci.example.com/1?x=1&y=2)."
+        "\n\n- step `a<b`\n- ~~old~~ new\n\n```sh\nmake test && echo ok\n```"
+    )
+    await socket_channel.send(
+        OutboundMessage(platform="slack", chat_id="C1", text=text, session_key="k")
+    )
+    [post] = fake.calls_to("chat.postMessage")
+    assert post["text"] == (
+        "*Result*\n\nThe *build* is _green_; see <https://ci.example.com/1?x=1&amp;y=2|the log>."
+        "\n\n• step `a&lt;b`\n• ~old~ new\n\n```\nmake test &amp;&amp; echo ok\n```"
+    )
+
+
+# -- rate limits ------------------------------------------------------------------------------
+
+
+async def test_reply_arrives_after_a_429(fake: FakeSlack, socket_channel: SlackChannel) -> None:
+    fake.rate_limit("chat.postMessage", retry_after=0)
+    await socket_channel.send(
+        OutboundMessage(platform="slack", chat_id="C1", text="after the limit", session_key="k")
+    )
+    statuses = [c.status for c in fake.calls if c.method == "chat.postMessage"]
+    assert statuses == [429, 200]
+    [post] = fake.calls_to("chat.postMessage")
+    assert post["text"] == "after the limit"
+
+
+async def test_rate_limit_retries_are_bounded(
+    fake: FakeSlack, socket_channel: SlackChannel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The SDK sleeps Retry-After plus up to 1s of jitter; drop the jitter to keep this fast.
+    monkeypatch.setattr(
+        "slack_sdk.http_retry.builtin_async_handlers.random", SimpleNamespace(random=lambda: 0.0)
+    )
+    fake.rate_limit("chat.postMessage", retry_after=0, times=10)
+    with pytest.raises(SlackApiError, match="ratelimited"):
+        await socket_channel.send(
+            OutboundMessage(platform="slack", chat_id="C1", text="never", session_key="k")
+        )
+    assert len([c for c in fake.calls if c.method == "chat.postMessage"]) == 4  # 1 + 3 retries
+
+
+# -- malformed payloads -------------------------------------------------------------------------
+
+MALFORMED_EVENTS: list[Any] = [
+    {k: v for k, v in im_message("no channel").items() if k != "channel"},
+    {k: v for k, v in im_message("no user").items() if k != "user"},
+    {**im_message("x"), "text": 42},
+    {**im_message("x"), "text": {"rich": "text"}},
+    {**im_message("x"), "ts": 1767225600.5},
+    {**im_message("x"), "user": ["U1"]},
+    {**im_message("x"), "channel": None},
+    {**im_message("x"), "user_profile": "Ada"},
+    {**im_message("x"), "files": "plan.pdf"},
+    {**im_message("x"), "subtype": ["file_share"]},
+    {**app_mention(f"<@{BOT_USER_ID}> hi"), "text": None, "user": None},
+]
+
+
+async def test_malformed_socket_events_are_ignored(
+    fake: FakeSlack,
+    socket_channel: SlackChannel,
+    collector: Collector,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="channels.slack")
+    ids = [fake.push_event(event) for event in MALFORMED_EVENTS]
+    # Envelopes with no event at all, an event that is not an object, or a payload that is not
+    # an event_callback.
+    body_without_event = event_callback(im_message("x"))
+    del body_without_event["event"]
+    ids.append(fake.push_envelope(events_api_envelope(body_without_event)))
+    ids.append(fake.push_envelope(events_api_envelope({**event_callback({}), "event": "junk"})))
+    ids.append(fake.push_envelope(events_api_envelope({"type": "event_callback"})))
+    good = im_message("still alive", user="U42")
+    messages = await deliver_all(fake, socket_channel, collector, [good], expected=1)
+    for envelope_id in ids:
+        assert any(a.get("envelope_id") == envelope_id for a in fake.acks)
+    assert [m.text for m in messages] == ["still alive"]
+    assert sum("malformed" in r.getMessage() for r in caplog.records) >= len(MALFORMED_EVENTS)
+
+
+async def test_malformed_http_events_are_ignored(
+    http: TestClient[web.Request, web.Application],
+    collector: Collector,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="channels.slack")
+    bodies = [_event_body(event) for event in MALFORMED_EVENTS]
+    bodies.append(json.dumps({**event_callback({}), "event": "junk"}))
+    bodies.append(json.dumps({"type": "event_callback"}))
+    bodies.append("[1, 2, 3]")
+    for body in bodies:
+        response = await http.post("/slack/events", data=body, headers=signed_headers(SECRET, body))
+        assert response.status < 500, body
+    ok = _event_body(im_message("genuine", user="U9"))
+    response = await http.post("/slack/events", data=ok, headers=signed_headers(SECRET, ok))
+    assert response.status == 200
+    [msg] = await collector.wait_for(1)
+    assert msg.text == "genuine"
+    assert [m.text for m in collector.messages] == ["genuine"]
+    assert sum("malformed" in r.getMessage() for r in caplog.records) >= len(MALFORMED_EVENTS)
+
+
+# -- golden payload fixtures -----------------------------------------------------------------
+
+FIXTURE_FILES = sorted(FIXTURES.glob("slack_*.json"))
+
+
+def test_fixtures_exist() -> None:
+    assert len(FIXTURE_FILES) >= 5
+
+
+@pytest.mark.parametrize("path", FIXTURE_FILES, ids=lambda p: p.stem)
+def test_fixture_normalization(path: Path) -> None:
+    data = json.loads(path.read_text())
+    channel = SlackChannel(SlackSettings(bot_token="xoxb-test", app_token="xapp-test"))
+    channel._identify(BOT_USER_ID, "BBOT0001")
+    msg = channel.normalize(data["event"])
+    assert msg is not None
+    actual = asdict(msg)
+    actual["attachments"] = list(actual["attachments"])
+    expected = data["expected"]
+    assert set(expected) == {f.name for f in fields(InboundMessage)}
+    assert actual == expected

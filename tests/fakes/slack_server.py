@@ -13,7 +13,13 @@ Web API: ``POST /api/<method>`` with a form, JSON or empty body. Every call is r
 ``calls`` (method, params, token) and can be waited on with ``wait_for_call``. Built-in answers:
 ``auth.test``, ``chat.postMessage``, ``chat.update``, ``apps.connections.open`` (returns
 ``ws://127.0.0.1:P/link``); anything else answers ``{"ok": true}``. ``fail(method, error)``
-makes the next call(s) of a method answer ``{"ok": false, "error": ...}``.
+makes the next call(s) of a method answer ``{"ok": false, "error": ...}``;
+``rate_limit(method, retry_after=0)`` makes the next call(s) answer HTTP 429 with a
+``Retry-After`` header and ``{"ok": false, "error": "ratelimited"}``, as Slack does. Rate-limited
+calls are recorded too (``ApiCall.status == 429``).
+
+``on_call`` (optional callable) sees every recorded ``ApiCall``; the benchmark uses it to time
+replies without polling.
 
 Socket Mode: ``GET /link`` upgrades to a WebSocket, sends ``hello`` and then every queued
 ``events_api`` envelope (``push_event`` / ``push_envelope``), and records the client's acks
@@ -31,6 +37,7 @@ import itertools
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
@@ -326,6 +333,7 @@ class ApiCall:
     params: JSON
     token: str | None
     headers: dict[str, str] = field(default_factory=dict)
+    status: int = 200
 
 
 class FakeSlack:
@@ -350,6 +358,8 @@ class FakeSlack:
         """Every envelope the fake sent over the WebSocket (``hello`` included)."""
         self.connections = 0
         self._failures: dict[str, list[str]] = {}
+        self._rate_limits: dict[str, list[int]] = {}
+        self.on_call: Callable[[ApiCall], None] | None = None
         self._outbox: asyncio.Queue[JSON] = asyncio.Queue()
         self._sockets: set[web.WebSocketResponse] = set()
         self._cond = asyncio.Condition()
@@ -416,6 +426,10 @@ class FakeSlack:
         """Make the next ``times`` calls of ``method`` answer ``{"ok": false, "error": error}``."""
         self._failures.setdefault(method, []).extend([error] * times)
 
+    def rate_limit(self, method: str, retry_after: int = 0, times: int = 1) -> None:
+        """Make the next ``times`` calls of ``method`` answer 429 with ``Retry-After``."""
+        self._rate_limits.setdefault(method, []).extend([retry_after] * times)
+
     def push_envelope(self, envelope: JSON) -> str:
         """Queue an envelope for the (current or next) Socket Mode connection."""
         self._outbox.put_nowait(envelope)
@@ -426,7 +440,8 @@ class FakeSlack:
         return self.push_envelope(events_api_envelope(event_callback(event, team_id=self.team_id)))
 
     def calls_to(self, method: str) -> list[JSON]:
-        return [c.params for c in self.calls if c.method == method]
+        """Params of the successful (non-429) calls of ``method``."""
+        return [c.params for c in self.calls if c.method == method and c.status != 429]
 
     # -- waiting ------------------------------------------------------------------------------
 
@@ -461,6 +476,8 @@ class FakeSlack:
     # -- handlers -----------------------------------------------------------------------------
 
     async def _record(self, call: ApiCall) -> None:
+        if self.on_call is not None:
+            self.on_call(call)
         async with self._cond:
             self.calls.append(call)
             self._cond.notify_all()
@@ -476,6 +493,15 @@ class FakeSlack:
                 params.update(parse_qsl(raw, keep_blank_values=True))
         auth = request.headers.get("Authorization", "")
         token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else params.get("token")
+        limits = self._rate_limits.get(method)
+        if limits:
+            retry_after = limits.pop(0)
+            await self._record(ApiCall(method, params, token, dict(request.headers), status=429))
+            return web.json_response(
+                {"ok": False, "error": "ratelimited"},
+                status=429,
+                headers={"Retry-After": str(retry_after)},
+            )
         await self._record(ApiCall(method, params, token, dict(request.headers)))
 
         failures = self._failures.get(method)

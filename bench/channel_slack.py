@@ -1,0 +1,177 @@
+"""Benchmark: Slack messages through the fake Slack — bare bolt echo app vs. Gatehouse.
+
+Latency is measured from pushing an ``events_api`` envelope at the fake (``FakeSlack.push_event``,
+delivered over the Socket Mode WebSocket) to the reply's ``chat.postMessage`` arriving at the
+fake. Both paths use slack-bolt's ``AsyncApp`` with the ``AsyncSocketModeHandler``.
+
+- ``bare bolt echo app``: the floor — a minimal ``AsyncApp`` with a ``message`` listener that
+  sends the text straight back with ``say()`` (one ``chat.postMessage``).
+- ``gatehouse``: a real `Gateway` (tmp data dir, SQLite, ``dm_policy = "open"``) with the
+  `SlackChannel`, answering through a zero-latency `FakeOpenAI` echo: dedupe, persist, session
+  lane, prompt assembly, one chat-completion call, Markdown -> mrkdwn, ``chat.postMessage``.
+
+``concurrency`` DM channels send in parallel; each waits for its reply before sending its next
+message (so no two messages of one session are in flight). Everything shares one event loop on
+loopback.
+
+    .venv/bin/python bench/channel_slack.py [--messages 200] [--concurrency 20]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse
+import asyncio
+import itertools
+import logging
+import re
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+from slack_bolt.async_app import AsyncApp, AsyncSay
+from slack_sdk.web.async_client import AsyncWebClient
+
+from channels.slack import SlackChannel
+from gateway.app import Gateway
+from gateway.config import parse_config
+from tests.fakes import FakeOpenAI
+from tests.fakes.slack_server import ApiCall, FakeSlack, im_message
+
+_MARK = re.compile(r"bench (\d+)")
+_QUIET = logging.getLogger("bench.channel_slack.bolt")
+_QUIET.setLevel(logging.WARNING)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def _drive(fake: FakeSlack, messages: int, concurrency: int) -> tuple[float, list[float]]:
+    """Send `messages` over `concurrency` DM channels; (wall seconds, per-message latencies)."""
+    loop = asyncio.get_running_loop()
+    waiting: dict[int, asyncio.Future[float]] = {}
+
+    def on_call(call: ApiCall) -> None:
+        if call.method != "chat.postMessage" or call.status != 200:
+            return
+        match = _MARK.search(str(call.params.get("text", "")))
+        future = waiting.get(int(match.group(1))) if match else None
+        if future is not None and not future.done():
+            future.set_result(time.perf_counter())
+
+    counter = itertools.count()
+    latencies: list[float] = []
+
+    async def chat(n: int) -> None:
+        while (i := next(counter)) < messages:
+            future: asyncio.Future[float] = loop.create_future()
+            waiting[i] = future
+            began = time.perf_counter()
+            fake.push_event(im_message(f"bench {i}", user=f"U{n:05d}", channel=f"D{n:05d}"))
+            latencies.append(await asyncio.wait_for(future, 30) - began)
+
+    fake.on_call = on_call
+    try:
+        began = time.perf_counter()
+        await asyncio.gather(*(chat(n) for n in range(concurrency)))
+        wall = time.perf_counter() - began
+    finally:
+        fake.on_call = None
+    return wall, latencies
+
+
+def _row(path: str, messages: int, wall: float, latencies: list[float]) -> dict[str, Any]:
+    return {
+        "platform": "slack",
+        "path": path,
+        "messages": messages,
+        "msgs_per_s": round(messages / wall, 1),
+        "p50_ms": round(pct(latencies, 0.50) * 1000, 2),
+        "p99_ms": round(pct(latencies, 0.99) * 1000, 2),
+    }
+
+
+async def _measured(fake: FakeSlack, messages: int, concurrency: int) -> tuple[float, list[float]]:
+    # Warm-up: bolt's first auth.test, HTTP connections, sessions. Fresh message numbers only.
+    await _drive(fake, concurrency, concurrency)
+    return await _drive(fake, messages, concurrency)
+
+
+async def _bare(messages: int, concurrency: int) -> dict[str, Any]:
+    async with FakeSlack() as fake:
+        app = AsyncApp(
+            client=AsyncWebClient(token="xoxb-bench", base_url=fake.api_url),
+            logger=_QUIET,
+            request_verification_enabled=False,
+        )
+
+        @app.event("message")
+        async def echo(event: dict[str, Any], say: AsyncSay) -> None:
+            await say(text=event.get("text") or "")
+
+        handler = AsyncSocketModeHandler(app, "xapp-bench", logger=_QUIET)
+        await handler.connect_async()  # type: ignore[no-untyped-call]
+        try:
+            await fake.wait_for_connection()
+            wall, latencies = await _measured(fake, messages, concurrency)
+        finally:
+            await handler.close_async()  # type: ignore[no-untyped-call]
+    return _row("bare bolt echo app", messages, wall, latencies)
+
+
+async def _gatehouse(messages: int, concurrency: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="gatehouse-bench-") as tmp:
+        async with FakeOpenAI() as llm, FakeSlack() as fake:
+            config = parse_config(
+                {
+                    "gateway": {"data_dir": tmp, "max_concurrent_turns": concurrency},
+                    "web": {"port": 0},
+                    "llm": {
+                        "base_url": llm.base_url,
+                        "api_key": "x",
+                        "model": "fake-model",
+                        "stream": False,
+                    },
+                    "channels": {
+                        "slack": {
+                            "enabled": True,
+                            "bot_token": "xoxb-bench",
+                            "app_token": "xapp-bench",
+                            "base_url": fake.api_url,
+                            "dm_policy": "open",
+                        }
+                    },
+                },
+                "bench",
+            )
+            gateway = Gateway(config)
+            gateway.add_channel(SlackChannel(config.channels.slack))
+            await gateway.start()
+            try:
+                wall, latencies = await _measured(fake, messages, concurrency)
+            finally:
+                await gateway.stop()
+    return _row("gatehouse", messages, wall, latencies)
+
+
+async def measure(messages: int = 200, concurrency: int = 20) -> list[dict[str, Any]]:
+    """Two rows: the bare bolt echo floor and Gatehouse, same fake Slack, same load."""
+    paths: list[Callable[[int, int], Awaitable[dict[str, Any]]]] = [_bare, _gatehouse]
+    return [await path(messages, concurrency) for path in paths]
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--messages", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, default=20)
+    args = parser.parse_args()
+    for row in asyncio.run(measure(args.messages, args.concurrency)):
+        print(row)
