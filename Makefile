@@ -4,6 +4,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 
+CHROMIUM := /usr/bin/chromium
+
 .PHONY: run test lint typecheck pytest bench clean venv
 
 $(BIN)/python:
@@ -16,6 +18,11 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 venv: $(STAMP)
 
+# The webchat page is tested in a real browser: Debian's Chromium, driven by Playwright
+# (never `playwright install`, which downloads its own browser).
+$(CHROMIUM):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+
 run: $(STAMP)
 	@test -f gatehouse.toml || $(BIN)/gatehouse init --dir .
 	$(BIN)/gatehouse run
@@ -26,7 +33,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+pytest: $(STAMP) $(CHROMIUM)
 	$(BIN)/python -m pytest
 
 test: lint typecheck pytest
