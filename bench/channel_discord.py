@@ -37,9 +37,9 @@ import discord.gateway
 import discord.http
 import yarl
 
+from bench.common import bench_config, pct
 from channels.discord import DiscordChannel, discord_intents
 from gateway.app import Gateway
-from gateway.config import parse_config
 from tests.fakes import FakeOpenAI
 from tests.fakes.discord_server import FakeDiscord, RecordedCall
 
@@ -50,11 +50,6 @@ BARE = "bare discord.py echo bot"
 GATEHOUSE = "gatehouse"
 _TOKEN = re.compile(r"\bbench-(\d+)-end\b")
 REPLY_TIMEOUT = 30.0
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def _drive(fake: FakeDiscord, messages: int, concurrency: int, label: str) -> dict[str, Any]:
@@ -150,28 +145,20 @@ async def measure_bare(messages: int, concurrency: int) -> dict[str, Any]:
 async def measure_gatehouse(messages: int, concurrency: int) -> dict[str, Any]:
     async with FakeOpenAI() as llm, FakeDiscord() as fake:
         with tempfile.TemporaryDirectory(prefix="gatehouse-bench-") as data:
-            config = parse_config(
-                {
-                    "gateway": {"data_dir": data, "max_concurrent_turns": concurrency},
-                    "web": {"port": 0},
-                    "llm": {
-                        "base_url": llm.base_url,
-                        "api_key": "x",
-                        "model": "fake-model",
-                        "stream": False,
-                    },
-                    "channels": {
-                        "discord": {
-                            "enabled": True,
-                            "token": fake.token,
-                            "api_base_url": fake.api_base_url,
-                            "gateway_url": fake.gateway_url,
-                            "dm_policy": "open",
-                            "require_mention": False,
-                        }
-                    },
+            config = bench_config(
+                llm.base_url,
+                data,
+                concurrency=concurrency,
+                channels={
+                "discord": {
+                    "enabled": True,
+                    "token": fake.token,
+                    "api_base_url": fake.api_base_url,
+                    "gateway_url": fake.gateway_url,
+                    "dm_policy": "open",
+                    "require_mention": False,
+                }
                 },
-                "bench",
             )
             gateway = Gateway(config)
             gateway.add_channel(DiscordChannel(config.channels.discord, guild_ready_timeout=0.01))

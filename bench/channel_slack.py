@@ -38,20 +38,15 @@ from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp, AsyncSay
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bench.common import bench_config, channel_row
 from channels.slack import SlackChannel
 from gateway.app import Gateway
-from gateway.config import parse_config
 from tests.fakes import FakeOpenAI
 from tests.fakes.slack_server import ApiCall, FakeSlack, im_message
 
 _MARK = re.compile(r"bench (\d+)")
 _QUIET = logging.getLogger("bench.channel_slack.bolt")
 _QUIET.setLevel(logging.WARNING)
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def _drive(fake: FakeSlack, messages: int, concurrency: int) -> tuple[float, list[float]]:
@@ -88,17 +83,6 @@ async def _drive(fake: FakeSlack, messages: int, concurrency: int) -> tuple[floa
     return wall, latencies
 
 
-def _row(path: str, messages: int, wall: float, latencies: list[float]) -> dict[str, Any]:
-    return {
-        "platform": "slack",
-        "path": path,
-        "messages": messages,
-        "msgs_per_s": round(messages / wall, 1),
-        "p50_ms": round(pct(latencies, 0.50) * 1000, 2),
-        "p99_ms": round(pct(latencies, 0.99) * 1000, 2),
-    }
-
-
 async def _measured(fake: FakeSlack, messages: int, concurrency: int) -> tuple[float, list[float]]:
     # Warm-up: bolt's first auth.test, HTTP connections, sessions. Fresh message numbers only.
     await _drive(fake, concurrency, concurrency)
@@ -124,33 +108,25 @@ async def _bare(messages: int, concurrency: int) -> dict[str, Any]:
             wall, latencies = await _measured(fake, messages, concurrency)
         finally:
             await handler.close_async()  # type: ignore[no-untyped-call]
-    return _row("bare bolt echo app", messages, wall, latencies)
+    return channel_row("slack", "bare bolt echo app", messages, wall, latencies)
 
 
 async def _gatehouse(messages: int, concurrency: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="gatehouse-bench-") as tmp:
         async with FakeOpenAI() as llm, FakeSlack() as fake:
-            config = parse_config(
-                {
-                    "gateway": {"data_dir": tmp, "max_concurrent_turns": concurrency},
-                    "web": {"port": 0},
-                    "llm": {
-                        "base_url": llm.base_url,
-                        "api_key": "x",
-                        "model": "fake-model",
-                        "stream": False,
-                    },
-                    "channels": {
-                        "slack": {
-                            "enabled": True,
-                            "bot_token": "xoxb-bench",
-                            "app_token": "xapp-bench",
-                            "base_url": fake.api_url,
-                            "dm_policy": "open",
-                        }
-                    },
+            config = bench_config(
+                llm.base_url,
+                tmp,
+                concurrency=concurrency,
+                channels={
+                "slack": {
+                    "enabled": True,
+                    "bot_token": "xoxb-bench",
+                    "app_token": "xapp-bench",
+                    "base_url": fake.api_url,
+                    "dm_policy": "open",
+                }
                 },
-                "bench",
             )
             gateway = Gateway(config)
             gateway.add_channel(SlackChannel(config.channels.slack))
@@ -159,7 +135,7 @@ async def _gatehouse(messages: int, concurrency: int) -> dict[str, Any]:
                 wall, latencies = await _measured(fake, messages, concurrency)
             finally:
                 await gateway.stop()
-    return _row("gatehouse", messages, wall, latencies)
+    return channel_row("slack", "gatehouse", messages, wall, latencies)
 
 
 async def measure(messages: int = 200, concurrency: int = 20) -> list[dict[str, Any]]:

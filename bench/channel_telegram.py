@@ -35,19 +35,14 @@ from typing import Any
 from telegram import Update
 from telegram.ext import ApplicationBuilder, ContextTypes, MessageHandler, filters
 
+from bench.common import bench_config, channel_row
 from channels.telegram import TelegramChannel
 from gateway.app import Gateway
-from gateway.config import parse_config
 from tests.fakes import FakeOpenAI
 from tests.fakes.telegram_server import Call, FakeTelegram
 
 _MARK = re.compile(r"bench (\d+)")
 _FIRST_USER = 10_000
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def _drive(fake: FakeTelegram, messages: int, concurrency: int) -> tuple[float, list[float]]:
@@ -84,17 +79,6 @@ async def _drive(fake: FakeTelegram, messages: int, concurrency: int) -> tuple[f
     return wall, latencies
 
 
-def _row(path: str, messages: int, wall: float, latencies: list[float]) -> dict[str, Any]:
-    return {
-        "platform": "telegram",
-        "path": path,
-        "messages": messages,
-        "msgs_per_s": round(messages / wall, 1),
-        "p50_ms": round(pct(latencies, 0.50) * 1000, 2),
-        "p99_ms": round(pct(latencies, 0.99) * 1000, 2),
-    }
-
-
 async def _measured(
     fake: FakeTelegram, messages: int, concurrency: int
 ) -> tuple[float, list[float]]:
@@ -127,32 +111,24 @@ async def _bare(messages: int, concurrency: int) -> dict[str, Any]:
             finally:
                 await app.updater.stop()
                 await app.stop()
-    return _row("bare PTB echo bot", messages, wall, latencies)
+    return channel_row("telegram", "bare PTB echo bot", messages, wall, latencies)
 
 
 async def _gatehouse(messages: int, concurrency: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="gatehouse-bench-") as tmp:
         async with FakeOpenAI() as llm, FakeTelegram() as fake:
-            config = parse_config(
-                {
-                    "gateway": {"data_dir": tmp, "max_concurrent_turns": concurrency},
-                    "web": {"port": 0},
-                    "llm": {
-                        "base_url": llm.base_url,
-                        "api_key": "x",
-                        "model": "fake-model",
-                        "stream": False,
-                    },
-                    "channels": {
-                        "telegram": {
-                            "enabled": True,
-                            "token": fake.token,
-                            "base_url": fake.base_url,
-                            "dm_policy": "open",
-                        }
-                    },
+            config = bench_config(
+                llm.base_url,
+                tmp,
+                concurrency=concurrency,
+                channels={
+                "telegram": {
+                    "enabled": True,
+                    "token": fake.token,
+                    "base_url": fake.base_url,
+                    "dm_policy": "open",
+                }
                 },
-                "bench",
             )
             gateway = Gateway(config)
             gateway.add_channel(TelegramChannel(config.channels.telegram))
@@ -161,7 +137,7 @@ async def _gatehouse(messages: int, concurrency: int) -> dict[str, Any]:
                 wall, latencies = await _measured(fake, messages, concurrency)
             finally:
                 await gateway.stop()
-    return _row("gatehouse", messages, wall, latencies)
+    return channel_row("telegram", "gatehouse", messages, wall, latencies)
 
 
 async def measure(messages: int = 200, concurrency: int = 20) -> list[dict[str, Any]]:

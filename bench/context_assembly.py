@@ -47,6 +47,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import pct
 from context.budget import BudgetSettings, make_budget
 from context.engine import ContextPlan, ContextSettings, DefaultContextEngine, TurnContext
 from context.tokens import TokenCounter
@@ -453,11 +454,6 @@ def langchain_counter(counter: TokenCounter) -> Callable[[list[Any]], int]:
 
 
 # ------------------------------------------------------------------------------------ runs
-
-
-def pct(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def summarize(times_ns: Sequence[int]) -> dict[str, float]:

@@ -28,27 +28,15 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import bench_config, pct
 from channels.webchat import WebchatChannel
 from gateway.app import Gateway
-from gateway.config import parse_config
 from gateway.web import WebServer, build_app
 from tests.fakes import FakeOpenAI
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 async def run_gateway(fake: FakeOpenAI, sessions: int, messages: int, data: Path) -> dict:
-    config = parse_config(
-        {
-            "gateway": {"data_dir": str(data), "max_concurrent_turns": 8},
-            "web": {"port": 0},
-            "llm": {"base_url": fake.base_url, "api_key": "x", "model": "fake-model",
-                    "stream": False},
-        }
-    )
+    config = bench_config(fake.base_url, data)
     gateway = Gateway(config)
     webchat = WebchatChannel()
     gateway.add_channel(webchat)

@@ -1,0 +1,53 @@
+"""What the benchmark scripts share: percentiles, a Gatehouse config for a run, result rows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gateway.config import Config, parse_config
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    """The q-quantile by rank (no interpolation): what p50/p99 mean in every table here."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def bench_config(
+    llm_base_url: str,
+    data_dir: str | Path,
+    *,
+    concurrency: int = 8,
+    channels: dict[str, Any] | None = None,
+) -> Config:
+    """A gateway on a throwaway data dir, talking to a fake OpenAI server, no web port."""
+    return parse_config(
+        {
+            "gateway": {"data_dir": str(data_dir), "max_concurrent_turns": concurrency},
+            "web": {"port": 0},
+            "llm": {
+                "base_url": llm_base_url,
+                "api_key": "x",
+                "model": "fake-model",
+                "stream": False,
+            },
+            "channels": channels or {},
+        },
+        "bench",
+    )
+
+
+def channel_row(
+    platform: str, path: str, messages: int, wall: float, latencies: Sequence[float]
+) -> dict[str, Any]:
+    """One row of `bench/channels.py` (latencies in seconds)."""
+    return {
+        "platform": platform,
+        "path": path,
+        "messages": messages,
+        "msgs_per_s": round(messages / wall, 1),
+        "p50_ms": round(pct(latencies, 0.50) * 1000, 2),
+        "p99_ms": round(pct(latencies, 0.99) * 1000, 2),
+    }
