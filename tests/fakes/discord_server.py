@@ -51,10 +51,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from types import TracebackType
-from typing import Any, Self, TypeAlias
+from typing import Any, TypeAlias
 
 from aiohttp import WSMsgType, web
+
+from tests.fakes.loopback import LoopbackServer
 
 __all__ = ["DISCORD_EPOCH_MS", "FakeDiscord", "RecordedCall", "snowflake"]
 
@@ -103,7 +104,7 @@ class RecordedCall:
     at: float = field(default_factory=time.perf_counter)
 
 
-class FakeDiscord:
+class FakeDiscord(LoopbackServer):
     """A scriptable fake of Discord's REST API and gateway; see the module docstring."""
 
     def __init__(
@@ -148,8 +149,6 @@ class FakeDiscord:
         self._cond = asyncio.Condition()
         self._outbox: asyncio.Queue[tuple[str, JSON]] = asyncio.Queue()
         self._sockets: set[web.WebSocketResponse] = set()
-        self._runner: web.AppRunner | None = None
-        self._port: int | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -158,39 +157,13 @@ class FakeDiscord:
         app.router.add_get("/gw", self._handle_gateway)
         app.router.add_get("/gw/", self._handle_gateway)
         app.router.add_route("*", API_PREFIX + "/{tail:.*}", self._handle_rest)
-        self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, 0)
-        await site.start()
-        server = site._server
-        assert server is not None
-        self._port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+        await self._listen(app, shutdown_timeout=1.0)
 
     async def stop(self) -> None:
         for ws in list(self._sockets):
             with contextlib.suppress(Exception):
                 await ws.close(code=1001, message=b"fake stopping")
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise RuntimeError("FakeDiscord is not started")
-        return self._port
+        await self._close()
 
     @property
     def api_base_url(self) -> str:

@@ -54,10 +54,11 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any, Self, TypeAlias
+from typing import Any, TypeAlias
 
 from aiohttp import web
+
+from tests.fakes.loopback import LoopbackServer
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -429,7 +430,7 @@ def _sse(payload: JSON | str) -> bytes:
 # --------------------------------------------------------------------------------------------
 
 
-class FakeOpenAI:
+class FakeOpenAI(LoopbackServer):
     """Scriptable fake OpenAI chat-completions server (see the module docstring).
 
     Attributes you may set at any time: ``default`` (step for unscripted requests),
@@ -465,56 +466,23 @@ class FakeOpenAI:
         self._script: deque[StepLike] = deque()
         self._cond = asyncio.Condition()
         self._stopping = asyncio.Event()
-        self._runner: web.AppRunner | None = None
-        self._port: int | None = None
         self._ids = itertools.count(1)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self._runner is not None:
-            raise RuntimeError("FakeOpenAI already started")
         self._stopping = asyncio.Event()
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._handle_chat)
         app.router.add_get("/v1/models", self._handle_models)
         # shutdown_timeout only matters for handlers that ignore ``_stopping`` (e.g. a slow
         # user ``fn``); our own hanging/stalled handlers return as soon as stop() is called.
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.25)
-        await runner.setup()
-        site = web.TCPSite(runner, self.host, 0)
-        try:
-            await site.start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._port = int(runner.addresses[0][1])
-        self._runner = runner
+        await self._listen(app)
 
     async def stop(self) -> None:
         """Stop the server, releasing hanging/stalled handlers immediately. Idempotent."""
         self._stopping.set()
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise RuntimeError("FakeOpenAI is not started")
-        return self._port
+        await self._close()
 
     @property
     def base_url(self) -> str:

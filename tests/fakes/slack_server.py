@@ -39,12 +39,13 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 from urllib.parse import parse_qsl
 
 from aiohttp import WSMsgType, web
 from slack_sdk.signature import SignatureVerifier
+
+from tests.fakes.loopback import LoopbackServer
 
 JSON = dict[str, Any]
 
@@ -336,7 +337,7 @@ class ApiCall:
     status: int = 200
 
 
-class FakeSlack:
+class FakeSlack(LoopbackServer):
     """Fake Slack Web API and Socket Mode server (see the module docstring)."""
 
     def __init__(
@@ -363,8 +364,6 @@ class FakeSlack:
         self._outbox: asyncio.Queue[JSON] = asyncio.Queue()
         self._sockets: set[web.WebSocketResponse] = set()
         self._cond = asyncio.Condition()
-        self._runner: web.AppRunner | None = None
-        self._port: int | None = None
         self._ts = itertools.count(1)
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -374,42 +373,13 @@ class FakeSlack:
         app.router.add_post("/api/{method}", self._handle_api)
         app.router.add_get("/link", self._handle_link)
         app.router.add_get("/link/", self._handle_link)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.25)
-        await runner.setup()
-        site = web.TCPSite(runner, self.host, 0)
-        try:
-            await site.start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._port = int(runner.addresses[0][1])
-        self._runner = runner
+        await self._listen(app)
 
     async def stop(self) -> None:
         for ws in list(self._sockets):
             with contextlib.suppress(Exception):
                 await ws.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise RuntimeError("FakeSlack is not started")
-        return self._port
+        await self._close()
 
     @property
     def api_url(self) -> str:

@@ -30,10 +30,11 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from html.parser import HTMLParser
-from types import TracebackType
-from typing import Any, Self, TypeAlias
+from typing import Any, TypeAlias
 
 from aiohttp import web
+
+from tests.fakes.loopback import LoopbackServer
 
 __all__ = ["Call", "FakeTelegram", "entity", "html_problem"]
 
@@ -77,7 +78,7 @@ def _decode_field(name: str, raw: str) -> Any:
         return raw
 
 
-class FakeTelegram:
+class FakeTelegram(LoopbackServer):
     """A Bot API server for one bot, on ``127.0.0.1`` and a random port."""
 
     def __init__(
@@ -107,8 +108,6 @@ class FakeTelegram:
         self._cond = asyncio.Condition()
         self._new_update = asyncio.Event()
         self._stopping = asyncio.Event()
-        self._runner: web.AppRunner | None = None
-        self._port: int | None = None
         self._update_ids = itertools.count(1)
         self._message_ids: dict[int, itertools.count[int]] = {}
         self._known: set[tuple[int, int]] = set()
@@ -116,40 +115,15 @@ class FakeTelegram:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self._runner is not None:
-            raise RuntimeError("FakeTelegram already started")
         self._stopping = asyncio.Event()
         app = web.Application()
         app.router.add_route("*", "/bot{token}/{method}", self._handle)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.25)
-        await runner.setup()
-        site = web.TCPSite(runner, self.host, 0)
-        try:
-            await site.start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._port = int(runner.addresses[0][1])
-        self._runner = runner
+        await self._listen(app)
 
     async def stop(self) -> None:
         """Stop the server; pending long polls are answered (empty) at once. Idempotent."""
         self._stopping.set()
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
+        await self._close()
 
     @property
     def base_url(self) -> str:
