@@ -116,6 +116,7 @@ class Runner:
         self.last_plan: dict[str, ContextPlan] = {}
         self.history_cache_sessions = 256
         self._histories: dict[int, _Cached] = {}
+        self._specs_cache: tuple[tuple[str, ...], list[dict[str, Any]], int] | None = None
 
     # -- a turn -----------------------------------------------------------------------------
 
@@ -202,7 +203,7 @@ class Runner:
         session_key = session.key
         first_seq = claimed[0].seq or 0
         ctx = ToolContext(session_key=session_key, timezone=self.config.gateway.timezone)
-        tool_specs = self.tools.specs()
+        tool_specs = self._tool_specs()[0]
         settings = self.settings_for(session, claimed[-1].sender_id)
         if settings.window.too_small:
             raise TurnRefusedError(
@@ -351,10 +352,19 @@ class Runner:
         settings = self.resolver.settings_for(
             session.key,
             where,
-            tools_tokens=self.resolver.counter.count_tools(self.tools.specs()),
+            tools_tokens=self._tool_specs()[1],
             stored_ratio=session.token_ratio,
         )
         return replace(settings, compaction=self.compaction_settings(settings.window.tokens))
+
+    def _tool_specs(self) -> tuple[list[dict[str, Any]], int]:
+        """The tools' JSON schemas and their token count, built once per set of tools rather
+        than on every turn."""
+        names = tuple(self.tools.tools)
+        if self._specs_cache is None or self._specs_cache[0] != names:
+            specs = self.tools.specs()
+            self._specs_cache = (names, specs, self.resolver.counter.count_tools(specs))
+        return self._specs_cache[1], self._specs_cache[2]
 
     def compaction_settings(self, window: int) -> CompactionSettings:
         c = self.config.context

@@ -1,61 +1,7 @@
-"""Test doubles for Gatehouse's external dependencies (see ``openai_server`` for the LLM fake)."""
+"""Test doubles for Gatehouse's external dependencies: the fake OpenAI server is exported here;
+the platform fakes live in `telegram_server`, `slack_server` and `discord_server`."""
 
-from .openai_server import (
-    DEFAULT_MODEL,
-    Error,
-    FakeOpenAI,
-    Fn,
-    Hang,
-    Malformed,
-    Reply,
-    StallStream,
-    Step,
-    StepFn,
-    StepLike,
-    ToolCall,
-    ToolCalls,
-    context_overflow,
-    echo,
-    error,
-    estimate_prompt_tokens,
-    estimate_tokens,
-    fn,
-    hang,
-    last_user_text,
-    malformed,
-    rate_limited,
-    reply,
-    stall_stream,
-    tool_call,
-    tool_calls,
-)
+from tests.fakes import openai_server
+from tests.fakes.openai_server import *  # noqa: F403
 
-__all__ = [
-    "DEFAULT_MODEL",
-    "Error",
-    "FakeOpenAI",
-    "Fn",
-    "Hang",
-    "Malformed",
-    "Reply",
-    "StallStream",
-    "Step",
-    "StepFn",
-    "StepLike",
-    "ToolCall",
-    "ToolCalls",
-    "context_overflow",
-    "echo",
-    "error",
-    "estimate_prompt_tokens",
-    "estimate_tokens",
-    "fn",
-    "hang",
-    "last_user_text",
-    "malformed",
-    "rate_limited",
-    "reply",
-    "stall_stream",
-    "tool_call",
-    "tool_calls",
-]
+__all__ = openai_server.__all__
