@@ -31,12 +31,15 @@ class _Strict(BaseModel):
 class GatewaySection(_Strict):
     data_dir: Path = Path("./data")
     database_url: str | None = Field(
-        default=None, description="Default: sqlite+aiosqlite:///<data_dir>/gatehouse.db"
+        default=None, description="Default: sqlite:///<data_dir>/gatehouse.db"
     )
     workspace: Path | None = Field(default=None, description="Default: <data_dir>/workspace")
     timezone: str = "UTC"
     agent: str = "main"
     max_concurrent_turns: int = Field(default=8, ge=1, le=1024)
+    typing_delay_ms: int = Field(
+        default=500, ge=0, description="show typing only when a turn takes longer than this"
+    )
     system_prompt: str = "You are a helpful assistant."
     max_message_chars: int = Field(default=100_000, ge=1, description="longer inbound is refused")
 
@@ -56,10 +59,9 @@ class GatewaySection(_Strict):
     def _supported_url(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        if not value.startswith(("sqlite+aiosqlite://", "postgresql+asyncpg://")):
-            raise ValueError(
-                "database_url must start with sqlite+aiosqlite:// or postgresql+asyncpg://"
-            )
+        from gateway.store.db import sync_url  # the store owns which drivers it runs on
+
+        sync_url(value)  # raises a ValueError that names the accepted schemes
         return value
 
 
@@ -265,7 +267,7 @@ class Config(_Strict):
     def database_url(self) -> str:
         if self.gateway.database_url:
             return self.gateway.database_url
-        return f"sqlite+aiosqlite:///{self.data_dir / 'gatehouse.db'}"
+        return f"sqlite:///{self.data_dir / 'gatehouse.db'}"
 
     def channel(self, name: str) -> ChannelSection:
         return self.channels.get(name)

@@ -78,11 +78,14 @@ class LLMProvider:
         self.model = settings.model
         self._client: openai.AsyncOpenAI | None = None
         if settings.configured:
+            # The SDK's aiohttp transport (openai[aiohttp]): same API, about a quarter less CPU
+            # per call than its default transport, and aiohttp is already in the process.
             self._client = openai.AsyncOpenAI(
                 base_url=settings.base_url,
                 api_key=settings.api_key or "not-needed",
                 timeout=settings.timeout,
                 max_retries=settings.max_retries,
+                http_client=openai.DefaultAioHttpClient(timeout=settings.timeout),
             )
 
     @property

@@ -71,6 +71,8 @@ class TurnStats:
     seconds: float = 0.0
     error: str | None = None
     compactions: list[CompactionResult] = field(default_factory=list)
+    # {message id: tokens} counted this turn, stored with the turn's result (no extra write).
+    token_counts: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -162,6 +164,7 @@ class Runner:
             reply_status=status,
             error=stats.error,
             token_ratio=_calibrated_ratio(self.resolver, session_key),
+            token_counts=stats.token_counts,
         )
         stats.seconds = time.perf_counter() - started
         if self.on_turn is not None:
@@ -229,7 +232,7 @@ class Runner:
                     plan = self.engine.assemble(turn)
                 else:
                     log.info("context %s: automatic compaction skipped: %s", session_key, blocked)
-            await self.store.cache_token_counts(self._remember_counts(session.id, plan.counted))
+            stats.token_counts.update(self._remember_counts(session.id, plan.counted))
             log.debug("context %s: %s", session_key, _facts_line(plan))
             for note in plan.notes:
                 log.info("context %s: %s", session_key, note)
@@ -325,9 +328,14 @@ class Runner:
         )
 
     async def _keep_typing(self, platform: str, chat_id: str, thread_id: str | None) -> None:
-        """Show "typing…" while the turn runs (platforms expire it after ~5 s)."""
+        """Show "typing…" while the turn runs (platforms expire it after ~5 s).
+
+        Not for a reply that is ready within `typing_delay_ms`: the indicator would only flash,
+        and it costs one platform API call per message.
+        """
         if self.typing is None:
             return
+        await asyncio.sleep(self.config.gateway.typing_delay_ms / 1000)
         while True:
             try:
                 await self.typing(platform, chat_id, thread_id)

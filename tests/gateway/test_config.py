@@ -18,7 +18,7 @@ def test_defaults_without_any_file(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     config = load_config()
     assert config.sessions.dm_scope == "per-channel-peer"
     assert config.gateway.max_concurrent_turns == 8
-    assert config.database_url.startswith("sqlite+aiosqlite:///")
+    assert config.database_url.startswith("sqlite:///")
     assert not config.llm.configured
 
 
@@ -64,7 +64,7 @@ def test_unknown_channel_key_is_rejected(tmp_path: Path) -> None:
         ("[gateway]\ntimezone = 'Mars/Base'\n", "unknown timezone"),
         ("[sessions]\ndm_scope = 'everyone'\n", "sessions.dm_scope"),
         ("[llm]\ntimeout = -1\n", "llm.timeout"),
-        ("[gateway]\ndatabase_url = 'mysql://x'\n", "database_url must start with"),
+        ("[gateway]\ndatabase_url = 'mysql://x'\n", "unsupported database URL scheme .mysql."),
         ("[channels.telegram.dms.'42']\nhistory_limit = -3\n", "history_limit"),
     ],
 )

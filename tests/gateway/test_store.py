@@ -20,7 +20,7 @@ def inbound(text: str, mid: str | None = None) -> InboundMessage:
 
 
 async def make_store(tmp_path: Path) -> Store:
-    store = Store(f"sqlite+aiosqlite:///{tmp_path / 'g.db'}")
+    store = Store(f"sqlite:///{tmp_path / 'g.db'}")
     await store.init()
     return store
 
