@@ -37,10 +37,9 @@ import discord.gateway
 import discord.http
 import yarl
 
-from bench.common import bench_config, pct
+from bench.common import bench_config, fake_llm_process, pct
 from channels.discord import DiscordChannel, discord_intents
 from gateway.app import Gateway
-from tests.fakes import FakeOpenAI
 from tests.fakes.discord_server import FakeDiscord, RecordedCall
 
 __all__ = ["measure"]
@@ -143,10 +142,10 @@ async def measure_bare(messages: int, concurrency: int) -> dict[str, Any]:
 
 
 async def measure_gatehouse(messages: int, concurrency: int) -> dict[str, Any]:
-    async with FakeOpenAI() as llm, FakeDiscord() as fake:
+    async with fake_llm_process() as llm_url, FakeDiscord() as fake:
         with tempfile.TemporaryDirectory(prefix="gatehouse-bench-") as data:
             config = bench_config(
-                llm.base_url,
+                llm_url,
                 data,
                 concurrency=concurrency,
                 channels={

@@ -38,10 +38,9 @@ from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp, AsyncSay
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bench.common import bench_config, channel_row
+from bench.common import bench_config, channel_row, fake_llm_process
 from channels.slack import SlackChannel
 from gateway.app import Gateway
-from tests.fakes import FakeOpenAI
 from tests.fakes.slack_server import ApiCall, FakeSlack, im_message
 
 _MARK = re.compile(r"bench (\d+)")
@@ -113,9 +112,9 @@ async def _bare(messages: int, concurrency: int) -> dict[str, Any]:
 
 async def _gatehouse(messages: int, concurrency: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="gatehouse-bench-") as tmp:
-        async with FakeOpenAI() as llm, FakeSlack() as fake:
+        async with fake_llm_process() as llm_url, FakeSlack() as fake:
             config = bench_config(
-                llm.base_url,
+                llm_url,
                 tmp,
                 concurrency=concurrency,
                 channels={

@@ -35,10 +35,9 @@ from typing import Any
 from telegram import Update
 from telegram.ext import ApplicationBuilder, ContextTypes, MessageHandler, filters
 
-from bench.common import bench_config, channel_row
+from bench.common import bench_config, channel_row, fake_llm_process
 from channels.telegram import TelegramChannel
 from gateway.app import Gateway
-from tests.fakes import FakeOpenAI
 from tests.fakes.telegram_server import Call, FakeTelegram
 
 _MARK = re.compile(r"bench (\d+)")
@@ -116,9 +115,9 @@ async def _bare(messages: int, concurrency: int) -> dict[str, Any]:
 
 async def _gatehouse(messages: int, concurrency: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="gatehouse-bench-") as tmp:
-        async with FakeOpenAI() as llm, FakeTelegram() as fake:
+        async with fake_llm_process() as llm_url, FakeTelegram() as fake:
             config = bench_config(
-                llm.base_url,
+                llm_url,
                 tmp,
                 concurrency=concurrency,
                 channels={

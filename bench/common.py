@@ -2,11 +2,51 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import contextlib
+import sys
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from gateway.config import Config, parse_config
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_SERVE_FAKE_LLM = """
+import asyncio
+from tests.fakes import FakeOpenAI
+
+async def main():
+    async with FakeOpenAI() as llm:
+        print(llm.base_url, flush=True)
+        await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+@contextlib.asynccontextmanager
+async def fake_llm_process() -> AsyncIterator[str]:
+    """The zero-latency echo model in a process of its own; yields its base URL.
+
+    The model is another service in any deployment, so its own CPU is not the gateway's: run
+    in the measured process, the fake's request parsing would be billed to Gatehouse.
+    """
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _SERVE_FAKE_LLM, cwd=ROOT, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)
+        if not line:
+            raise RuntimeError("the fake LLM process exited before it listened")
+        yield line.decode().strip()
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        await proc.wait()
 
 
 def pct(values: Sequence[float], q: float) -> float:

@@ -28,15 +28,14 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import bench_config, pct
+from bench.common import bench_config, fake_llm_process, pct
 from channels.webchat import WebchatChannel
 from gateway.app import Gateway
 from gateway.web import WebServer, build_app
-from tests.fakes import FakeOpenAI
 
 
-async def run_gateway(fake: FakeOpenAI, sessions: int, messages: int, data: Path) -> dict:
-    config = bench_config(fake.base_url, data)
+async def run_gateway(llm_url: str, sessions: int, messages: int, data: Path) -> dict:
+    config = bench_config(llm_url, data)
     gateway = Gateway(config)
     webchat = WebchatChannel()
     gateway.add_channel(webchat)
@@ -65,8 +64,11 @@ async def run_gateway(fake: FakeOpenAI, sessions: int, messages: int, data: Path
     return {"wall": wall, "latencies": latencies}
 
 
-async def run_floor(fake: FakeOpenAI, sessions: int, messages: int) -> dict:
-    client = openai.AsyncOpenAI(base_url=fake.base_url, api_key="x", max_retries=0)
+async def run_floor(llm_url: str, sessions: int, messages: int) -> dict:
+    # The same SDK and transport the gateway uses.
+    client = openai.AsyncOpenAI(
+        base_url=llm_url, api_key="x", max_retries=0, http_client=openai.DefaultAioHttpClient()
+    )
     latencies: list[float] = []
 
     async def session(i: int) -> None:
@@ -92,10 +94,10 @@ async def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     n = args.sessions * args.messages
-    async with FakeOpenAI() as fake:
-        floor = await run_floor(fake, args.sessions, args.messages)
+    async with fake_llm_process() as llm_url:
+        floor = await run_floor(llm_url, args.sessions, args.messages)
         with tempfile.TemporaryDirectory() as tmp:
-            gw = await run_gateway(fake, args.sessions, args.messages, Path(tmp))
+            gw = await run_gateway(llm_url, args.sessions, args.messages, Path(tmp))
     rows = []
     for name, r in (("bare openai SDK (floor)", floor), ("gatehouse webchat, SQLite", gw)):
         lat = r["latencies"]

@@ -79,6 +79,8 @@ class AgentsFile:
         self.path = path
         self._stamp: tuple[int, int] | None = None
         self._text = ""
+        # Extracted sections for the current text: every turn asks for the same few.
+        self._extracted: dict[tuple[tuple[str, ...], int | None], str] = {}
 
     def text(self) -> str:
         try:
@@ -93,10 +95,16 @@ class AgentsFile:
             except OSError:
                 self._text = ""
             self._stamp = stamp
+            self._extracted.clear()
         return self._text
 
     def sections(self, names: Sequence[str], max_chars: int | None = None) -> str:
-        return extract_sections(self.text(), names, max_chars)
+        text = self.text()
+        key = (tuple(names), max_chars)
+        found = self._extracted.get(key)
+        if found is None:
+            found = self._extracted[key] = extract_sections(text, names, max_chars)
+        return found
 
     def red_lines(self) -> str:
         """The "Red Lines" section, for every turn's system prompt."""
