@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-dev
 
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run test lint typecheck pytest bench clean venv
+.PHONY: run test lint typecheck pytest bench clean venv postgres-server
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,8 +33,15 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP) $(CHROMIUM)
+# PostgreSQL: the tests start a throwaway cluster of their own (tests/postgres.py) from
+# Debian's server binaries; every database-backed test runs on SQLite and then on PostgreSQL.
+postgres-server:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }
+
+pytest: $(STAMP) $(CHROMIUM) postgres-server
 	$(BIN)/python -m pytest
+	GATEHOUSE_TEST_DB=postgres $(BIN)/python -m pytest
 
 test: lint typecheck pytest
 

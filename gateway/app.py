@@ -56,12 +56,17 @@ class Gateway:
             make_summary_call(config, self.summary_llm),
             MemoryFlush(self.llm, memory_only, self.store, config.gateway.timezone),
         )
-        self.lanes = SessionLanes(self.runner.run_turn, config.gateway.max_concurrent_turns)
+        self.lanes = SessionLanes(
+            self.runner.run_turn,
+            config.gateway.max_concurrent_turns,
+            hold=None if self.store.is_sqlite else self.store.session_lock,
+        )
         self.access = AccessPolicy(config, self.store)
         self.runner.typing = self.typing
         if config.memory.archive_transcripts:
             self.runner.archive = self._archive_transcript
         self._started = False
+        self._sweeper: asyncio.Task[None] | None = None
 
     def add_channel(self, channel: Channel) -> None:
         self.channels[channel.name] = channel
@@ -91,9 +96,33 @@ class Gateway:
         for session in await self.store.sessions_with_pending():
             log.info("resuming unanswered messages in %s", session.key)
             self.lanes.notify(session.key)
+        if not self.store.is_sqlite:
+            self._sweeper = asyncio.create_task(self._sweep_pending(), name="pending-sweep")
+
+    async def _sweep_pending(self) -> None:
+        """Several processes on PostgreSQL: answer what a process that stopped left behind.
+
+        Each process answers what it accepted; if one dies between persisting a message and
+        answering it, the others find the message here (its lane lock died with the process).
+        """
+        every = self.config.gateway.pending_sweep_seconds
+        while True:
+            await asyncio.sleep(every)
+            try:
+                for session in await self.store.sessions_with_pending(older_than=every):
+                    if session.key not in self.lanes.busy:
+                        log.info("picking up unanswered messages in %s", session.key)
+                        self.lanes.notify(session.key)
+            except LanesClosedError:
+                return
+            except Exception:
+                log.exception("sweeping for unanswered messages failed; trying again later")
 
     async def stop(self, grace: float = 10.0) -> None:
         """Finish in-flight turns (or record them as interrupted), then close everything."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         await self.lanes.close(grace)
         for channel in self.channels.values():
             try:

@@ -37,6 +37,11 @@ class GatewaySection(_Strict):
     timezone: str = "UTC"
     agent: str = "main"
     max_concurrent_turns: int = Field(default=8, ge=1, le=1024)
+    pending_sweep_seconds: float = Field(
+        default=15.0,
+        gt=0,
+        description="PostgreSQL: how often to pick up messages a stopped process left unanswered",
+    )
     typing_delay_ms: int = Field(
         default=500, ge=0, description="show typing only when a turn takes longer than this"
     )

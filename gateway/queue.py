@@ -12,10 +12,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 
 log = logging.getLogger(__name__)
 
 TurnFn = Callable[[str], Awaitable[None]]
+HoldFn = Callable[[str], AbstractAsyncContextManager[None]]
+"""Held around each turn: the store's cross-process session lock (PostgreSQL)."""
 
 
 class LanesClosedError(RuntimeError):
@@ -23,8 +26,11 @@ class LanesClosedError(RuntimeError):
 
 
 class SessionLanes:
-    def __init__(self, run_turn: TurnFn, max_concurrent: int = 8) -> None:
+    def __init__(
+        self, run_turn: TurnFn, max_concurrent: int = 8, hold: HoldFn | None = None
+    ) -> None:
         self._run_turn = run_turn
+        self._hold = hold
         self._slots = asyncio.Semaphore(max_concurrent)
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._dirty: set[str] = set()
@@ -34,6 +40,11 @@ class SessionLanes:
     @property
     def active(self) -> int:
         return len(self._workers)
+
+    @property
+    def busy(self) -> set[str]:
+        """Sessions with a lane running or due in this process."""
+        return set(self._workers)
 
     @property
     def queued(self) -> int:
@@ -55,7 +66,11 @@ class SessionLanes:
                 async with self._slots:
                     self._dirty.discard(key)
                     try:
-                        await self._run_turn(key)
+                        if self._hold is None:
+                            await self._run_turn(key)
+                        else:
+                            async with self._hold(key):
+                                await self._run_turn(key)
                     except asyncio.CancelledError:
                         raise
                     except Exception:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from channels.webchat import WebchatChannel
 from gateway.app import Gateway
 from gateway.config import Config, parse_config
 from tests.fakes import FakeOpenAI
+from tests.postgres import ThrowawayPostgres
 
 MakeConfig = Callable[..., Config]
 
@@ -33,11 +35,44 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[ThrowawayPostgres]:
+    """One PostgreSQL server for the run (started on first use)."""
+    server = ThrowawayPostgres().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def on_postgres() -> bool:
+    """`GATEHOUSE_TEST_DB=postgres` runs the store-backed tests on PostgreSQL instead of SQLite."""
+    return os.environ.get("GATEHOUSE_TEST_DB", "sqlite") == "postgres"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On PostgreSQL, run every test that uses the gateway's database (and only those)."""
+    if not on_postgres():
+        return
+    keep = [i for i in items if "database_url" in getattr(i, "fixturenames", ())]
+    config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+    items[:] = keep
+
+
 @pytest.fixture
-def make_config(tmp_path: Path) -> MakeConfig:
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The database a test's gateway uses: a SQLite file, or an empty PostgreSQL database."""
+    if on_postgres():
+        server: ThrowawayPostgres = request.getfixturevalue("postgres")
+        return server.new_database()
+    return f"sqlite:///{tmp_path / 'data' / 'gatehouse.db'}"
+
+
+@pytest.fixture
+def make_config(tmp_path: Path, database_url: str) -> MakeConfig:
     def make(fake: FakeOpenAI | None = None, **sections: Any) -> Config:
         data: dict[str, Any] = {
-            "gateway": {"data_dir": str(tmp_path / "data")},
+            "gateway": {"data_dir": str(tmp_path / "data"), "database_url": database_url},
             "web": {"port": 0},
             "llm": {"max_retries": 1, "timeout": 5, "stream": False},
         }

@@ -13,11 +13,13 @@ instead of failing mid-transaction. PostgreSQL runs steps on a small thread pool
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,12 +27,13 @@ from sqlalchemy import Engine, create_engine, event, func, or_, update
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import configure_mappers
-from sqlmodel import Session, SQLModel, col, select
+from sqlmodel import Session, col, select
 
 from channels.base import InboundMessage
 from context.types import Message, ToolCall
 from gateway.store.hot import Dialect, HotPath
 from gateway.store.models import CompactionRow, MessageRow, PairingRow, SessionRow, utcnow
+from gateway.store.schema import migrate
 
 CONTEXT_STATUS = "context"
 """An unmentioned group message: stored, shown to the model with the next mention."""
@@ -110,6 +113,7 @@ class Store:
             event.listen(self.engine, "connect", _sqlite_pragmas)
             event.listen(self.engine, "begin", _sqlite_begin)
             workers = 1
+            self._lock_engine: Engine | None = None
         else:
             # Each database thread keeps one connection for the hot path and borrows another
             # for ORM steps.
@@ -117,11 +121,17 @@ class Store:
                 self.url, pool_size=2 * pool_size, max_overflow=4, pool_pre_ping=True
             )
             event.listen(self.engine, "connect", _postgres_utc)
+            # Advisory locks live as long as the backend connection holding them: one
+            # autocommit connection per held lock (a session's lane, the scheduler's leader).
+            self._lock_engine = create_engine(
+                self.url, isolation_level="AUTOCOMMIT", pool_size=pool_size, max_overflow=256
+            )
             workers = pool_size
         configure_mappers()  # rows built with model_construct need configured mappers
         self._writer = self.engine.execution_options(gatehouse_write=True)
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="gatehouse-db")
         self._session_ids: dict[str, int] = {}
+        self.schema_status = "not opened"
         self._hot = HotPath(Dialect(sqlite=self.is_sqlite))
         self._local = threading.local()
         self._held: list[Any] = []
@@ -141,7 +151,11 @@ class Store:
     async def init(self) -> None:
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        await self._run(lambda: SQLModel.metadata.create_all(self._writer))
+        self.schema_status = await self._run(self._migrate)
+
+    def _migrate(self) -> str:
+        with self._writer.begin() as conn:
+            return migrate(conn)
 
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self._shutdown)
@@ -152,6 +166,8 @@ class Store:
             conn.close()
         self._held.clear()
         self.engine.dispose()
+        if self._lock_engine is not None:
+            self._lock_engine.dispose()
 
     async def _run(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
@@ -198,6 +214,44 @@ class Store:
 
         return await self._run(step)
 
+    # -- cross-process locks ----------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def session_lock(self, key: str, poll: float = 0.05) -> AsyncIterator[None]:
+        """Hold a session's lane across processes (PostgreSQL advisory lock; SQLite: no-op).
+
+        One gateway process per SQLite file needs no more than the in-process lanes; on
+        PostgreSQL every process that wants to run a turn for `key` waits here first.
+        """
+        lock = await self.advisory_lock(_lock_id("session:" + key), wait=True, poll=poll)
+        try:
+            yield
+        finally:
+            if lock is not None:
+                await asyncio.shield(self._run(lock.release))
+
+    async def advisory_lock(
+        self, lock_id: int, *, wait: bool, poll: float = 0.05
+    ) -> AdvisoryLock | None:
+        """Take a PostgreSQL advisory lock on a connection of its own; None on SQLite.
+
+        With `wait=False`, raises `LockBusyError` if another connection holds it.
+        """
+        if self._lock_engine is None:
+            return None
+        lock = await self._run(lambda: AdvisoryLock.connect(self._lock_engine, lock_id))
+        try:
+            delay = poll
+            while not await self._run(lock.try_acquire):
+                if not wait:
+                    raise LockBusyError(lock_id)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+        except BaseException:
+            await asyncio.shield(self._run(lock.release))
+            raise
+        return lock
+
     # -- sessions ---------------------------------------------------------------------------
 
     async def get_session(self, key: str) -> SessionRow | None:
@@ -240,14 +294,20 @@ class Store:
             )
         )
 
-    async def sessions_with_pending(self) -> list[SessionRow]:
-        """Sessions with inbound messages no turn has answered yet (e.g. after a crash)."""
+    async def sessions_with_pending(self, older_than: float | None = None) -> list[SessionRow]:
+        """Sessions with inbound messages no turn has answered yet (e.g. after a crash).
+
+        `older_than` (seconds) skips messages that just arrived: their own process is on them.
+        """
 
         def op(db: Session) -> list[SessionRow]:
             pending = select(MessageRow.session_id).where(
                 col(MessageRow.handled).is_(False),
                 or_(col(MessageRow.status).is_(None), col(MessageRow.status) != CONTEXT_STATUS),
             )
+            if older_than is not None:
+                cutoff = utcnow() - timedelta(seconds=older_than)
+                pending = pending.where(col(MessageRow.created_at) < cutoff)
             return list(db.exec(select(SessionRow).where(col(SessionRow.id).in_(pending))).all())
 
         return await self._read(op)
@@ -554,6 +614,55 @@ class Store:
 
     async def latest_compaction(self, session_id: int) -> CompactionRow | None:
         return await self._fast(lambda cursor: self._hot.latest_compaction(cursor, session_id))
+
+
+class LockBusyError(RuntimeError):
+    pass
+
+
+def _lock_id(name: str) -> int:
+    """A stable signed 64-bit id for an advisory lock (a collision only serializes more)."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), signed=True)
+
+
+class AdvisoryLock:
+    """A session-level advisory lock and the connection that holds it (sync; database thread)."""
+
+    def __init__(self, conn: Any, lock_id: int) -> None:
+        self.conn = conn
+        self.lock_id = lock_id
+        self.held = False
+
+    @classmethod
+    def connect(cls, engine: Engine | None, lock_id: int) -> AdvisoryLock:
+        assert engine is not None
+        return cls(engine.raw_connection(), lock_id)
+
+    def try_acquire(self) -> bool:
+        with self.conn.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_lock(%s)", (self.lock_id,))
+            self.held = bool(cursor.fetchone()[0])
+        return self.held
+
+    def alive(self) -> bool:
+        """Is the holding connection still there (so the lock still held)?"""
+        try:
+            with self.conn.cursor() as cursor:
+                cursor.execute("SELECT 1")
+            return True
+        except Exception:
+            return False
+
+    def release(self) -> None:
+        """Unlock and hand the connection back; a broken connection is dropped (which unlocks)."""
+        try:
+            if self.held:
+                with self.conn.cursor() as cursor:
+                    cursor.execute("SELECT pg_advisory_unlock(%s)", (self.lock_id,))
+            self.held = False
+            self.conn.close()
+        except Exception:
+            self.conn.invalidate()
 
 
 def _latest_compaction(session_id: int) -> Any:

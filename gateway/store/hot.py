@@ -47,9 +47,10 @@ class Dialect:
         return statement if self.sqlite else _pyformat(statement)
 
     def dump_time(self, value: datetime) -> Any:
-        # SQLAlchemy's SQLite DATETIME text format, so ORM reads of these rows keep working.
-        utc = value.astimezone(UTC).replace(tzinfo=None)
-        return utc.strftime("%Y-%m-%d %H:%M:%S.%f") if self.sqlite else utc
+        # SQLAlchemy's SQLite DATETIME text format (UTC, no offset), so ORM reads keep working;
+        # PostgreSQL columns are timestamptz.
+        utc = value.astimezone(UTC)
+        return utc.replace(tzinfo=None).strftime("%Y-%m-%d %H:%M:%S.%f") if self.sqlite else utc
 
     def load_time(self, value: Any) -> datetime | None:
         if value is None:

@@ -19,22 +19,22 @@ def inbound(text: str, mid: str | None = None) -> InboundMessage:
     )
 
 
-async def make_store(tmp_path: Path) -> Store:
-    store = Store(f"sqlite:///{tmp_path / 'g.db'}")
+async def make_store(url: str) -> Store:
+    store = Store(url)
     await store.init()
     return store
 
 
 async def test_sqlite_file_uses_wal(tmp_path: Path) -> None:
-    store = await make_store(tmp_path)
+    store = await make_store(f"sqlite:///{tmp_path / 'g.db'}")
     await store.ensure_session(SessionInfo(key="k"))
     await store.close()
     with sqlite3.connect(tmp_path / "g.db") as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
-async def test_inbound_is_deduplicated_by_platform_message_id(tmp_path: Path) -> None:
-    store = await make_store(tmp_path)
+async def test_inbound_is_deduplicated_by_platform_message_id(database_url: str) -> None:
+    store = await make_store(database_url)
     session = await store.ensure_session(SessionInfo(key="k"))
     assert session.id is not None
     info = SessionInfo(key="k")
@@ -45,8 +45,8 @@ async def test_inbound_is_deduplicated_by_platform_message_id(tmp_path: Path) ->
     await store.close()
 
 
-async def test_claim_orders_conversation_by_turn_not_arrival(tmp_path: Path) -> None:
-    store = await make_store(tmp_path)
+async def test_claim_orders_conversation_by_turn_not_arrival(database_url: str) -> None:
+    store = await make_store(database_url)
     session = await store.ensure_session(SessionInfo(key="k"))
     sid = session.id
     assert sid is not None
@@ -67,14 +67,14 @@ async def test_claim_orders_conversation_by_turn_not_arrival(tmp_path: Path) -> 
     await store.close()
 
 
-async def test_unfinished_claims_are_returned_again(tmp_path: Path) -> None:
-    store = await make_store(tmp_path)
+async def test_unfinished_claims_are_returned_again(database_url: str) -> None:
+    store = await make_store(database_url)
     sid = (await store.ensure_session(SessionInfo(key="k"))).id
     assert sid is not None
     await store.accept_inbound(SessionInfo(key="k"), inbound("lost?", "m1"))
     first = await store.claim_pending(sid)
     await store.close()
-    store = await make_store(tmp_path)  # a restart
+    store = await make_store(database_url)  # a restart
     assert [s.key for s in await store.sessions_with_pending()] == ["k"]
     again = await store.claim_pending(sid)
     assert [r.id for r in again] == [r.id for r in first]
@@ -82,8 +82,8 @@ async def test_unfinished_claims_are_returned_again(tmp_path: Path) -> None:
     await store.close()
 
 
-async def test_tool_calls_round_trip(tmp_path: Path) -> None:
-    store = await make_store(tmp_path)
+async def test_tool_calls_round_trip(database_url: str) -> None:
+    store = await make_store(database_url)
     sid = (await store.ensure_session(SessionInfo(key="k"))).id
     assert sid is not None
     call = ToolCall(id="call_1", name="current_time", arguments='{"timezone": "UTC"}')
@@ -100,10 +100,10 @@ async def test_tool_calls_round_trip(tmp_path: Path) -> None:
     await store.close()
 
 
-async def test_concurrent_session_creation_yields_one_row(tmp_path: Path) -> None:
+async def test_concurrent_session_creation_yields_one_row(database_url: str) -> None:
     import asyncio
 
-    store = await make_store(tmp_path)
+    store = await make_store(database_url)
     rows = await asyncio.gather(*(store.ensure_session(SessionInfo(key="same")) for _ in range(5)))
     assert len({r.id for r in rows}) == 1
     await store.close()

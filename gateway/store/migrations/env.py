@@ -1,0 +1,41 @@
+"""Alembic environment: runs on the connection the store hands over (see gateway.store.schema).
+
+Run from the command line through `gatehouse db upgrade` (or `alembic` with `-x url=...`).
+"""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import create_engine
+from sqlmodel import SQLModel
+
+import gateway.store.models  # noqa: F401  (registers the tables on SQLModel.metadata)
+
+config = context.config
+target_metadata = SQLModel.metadata
+
+
+def run_migrations_online() -> None:
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        context.configure(
+            connection=connection, target_metadata=target_metadata, render_as_batch=True
+        )
+        with context.begin_transaction():
+            context.run_migrations()
+        return
+    url = context.get_x_argument(as_dictionary=True).get("url") or config.get_main_option(
+        "sqlalchemy.url"
+    )
+    if not url:
+        raise SystemExit("no database URL: use `gatehouse db upgrade` or `alembic -x url=...`")
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        context.configure(connection=conn, target_metadata=target_metadata, render_as_batch=True)
+        with context.begin_transaction():
+            context.run_migrations()
+
+
+if context.is_offline_mode():
+    raise SystemExit("offline (SQL script) migrations are not supported; pass a database URL")
+run_migrations_online()

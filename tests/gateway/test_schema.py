@@ -1,0 +1,68 @@
+"""Migrations: a new database, an upgraded one and a pre-migration one end with the same schema."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import create_engine
+from sqlmodel import SQLModel
+
+from gateway.store import SessionInfo, Store
+from gateway.store.schema import FIRST_REVISION, head_revision
+
+
+def _differences(url: str) -> list[object]:
+    engine = create_engine(Store(url).url)
+    with engine.connect() as conn:
+        diffs = compare_metadata(MigrationContext.configure(conn), SQLModel.metadata)
+    engine.dispose()
+    return list(diffs)
+
+
+async def test_new_database_is_created_at_head(database_url: str) -> None:
+    store = Store(database_url)
+    await store.init()
+    assert store.schema_status == f"created the tables at revision {head_revision()}"
+    await store.close()
+    assert _differences(database_url) == []
+    again = Store(database_url)
+    await again.init()
+    assert again.schema_status == f"up to date at revision {head_revision()}"
+    await again.close()
+
+
+async def test_migrations_from_nothing_match_the_models(database_url: str) -> None:
+    from alembic import command
+
+    from gateway.store.schema import alembic_config
+
+    target = Store(database_url)
+    if target.path is not None:
+        target.path.parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(target.url)
+    with engine.begin() as conn:
+        command.upgrade(alembic_config(conn), "head")
+    engine.dispose()
+    assert _differences(database_url) == []
+
+
+async def test_database_from_before_migrations_is_adopted(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    url = f"sqlite:///{path}"
+    engine = create_engine(url)
+    SQLModel.metadata.create_all(engine)  # what the first release did, with no version table
+    engine.dispose()
+    store = Store(url)
+    await store.init()
+    assert store.schema_status.startswith(f"up to date at revision {FIRST_REVISION}") or (
+        store.schema_status == f"upgraded from revision {FIRST_REVISION} to {head_revision()}"
+    )
+    await store.ensure_session(SessionInfo(key="k"))
+    await store.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchone()[0] == (
+            head_revision()
+        )
