@@ -11,7 +11,6 @@ from typing import Any
 
 from gateway.config import Config, parse_config
 
-
 ROOT = Path(__file__).resolve().parent.parent
 
 _SERVE_FAKE_LLM = """
