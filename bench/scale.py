@@ -1,0 +1,157 @@
+"""Benchmark: throughput with 1, 2 and 4 `gatehouse run` processes on PostgreSQL, and 1 on SQLite.
+
+Each process is a real `gatehouse run` (webchat on its own port); the zero-latency echo model
+runs in a process of its own; PostgreSQL is a throwaway cluster (tests/postgres.py). The driver
+spreads `--sessions` chats over the processes like a load balancer would (by session, so a chat
+always reaches the same process unless it dies) and sends `--messages` messages per chat, each
+after the previous reply. Every reply is checked.
+
+On a 2-core machine the extra processes share the same two cores with PostgreSQL, the model and
+the driver, so the table shows what scale-out costs and buys *here*; on a bigger machine each
+process gets cores of its own.
+
+    .venv/bin/python bench/scale.py [--sessions 40] [--messages 10] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import tempfile
+import time
+from typing import Any
+
+import aiohttp
+from rich.console import Console
+from rich.table import Table
+
+from bench.common import fake_llm_process, pct
+from tests.postgres import ThrowawayPostgres
+
+GATEHOUSE = str(Path(sys.executable).parent / "gatehouse")
+
+
+async def _start(config: Path, cwd: Path) -> tuple[asyncio.subprocess.Process, str]:
+    proc = await asyncio.create_subprocess_exec(
+        GATEHOUSE, "--config", str(config), "run", cwd=cwd,
+        env={**os.environ, "GATEHOUSE_CONFIG": ""},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )
+    assert proc.stdout is not None
+    line = (await asyncio.wait_for(proc.stdout.readline(), timeout=120)).decode()
+    if "listening on" not in line:
+        raise RuntimeError(f"gatehouse run did not start: {line!r}")
+    return proc, line.rsplit(" ", 1)[-1].strip()
+
+
+async def _run(
+    label: str, database_url: str, processes: int, llm_url: str, sessions: int, messages: int
+) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="gatehouse-scale-") as tmp:
+        root = Path(tmp)
+        config = root / "gatehouse.toml"
+        config.write_text(
+            f'[gateway]\ndata_dir = "{root / "data"}"\ndatabase_url = "{database_url}"\n'
+            f"max_concurrent_turns = 64\n[web]\nport = 0\n"
+            f'[llm]\nbase_url = "{llm_url}"\napi_key = "x"\nmodel = "fake-model"\n'
+            "stream = false\n",
+            encoding="utf-8",
+        )
+        procs = []
+        for n in range(processes):
+            (root / f"p{n}").mkdir()
+            procs.append(await _start(config, root / f"p{n}"))
+        latencies: list[float] = []
+        try:
+            connector = aiohttp.TCPConnector(limit=sessions)
+            async with aiohttp.ClientSession(connector=connector) as http:
+
+                async def chat(i: int) -> None:
+                    url = procs[i % processes][1]
+                    for j in range(messages):
+                        began = time.perf_counter()
+                        async with http.post(
+                            f"{url}/api/messages",
+                            json={"user_id": f"user{i}", "text": f"message {j}"},
+                            timeout=aiohttp.ClientTimeout(total=120),
+                        ) as resp:
+                            body = await resp.json()
+                        if resp.status != 200 or body.get("replies") != [f"echo: message {j}"]:
+                            raise RuntimeError(f"bad reply for user{i} message {j}: {body}")
+                        latencies.append(time.perf_counter() - began)
+
+                await asyncio.gather(*(chat(i) for i in range(min(sessions, processes))))  # warm
+                latencies.clear()
+                began = time.perf_counter()
+                await asyncio.gather(*(chat(i) for i in range(sessions)))
+                wall = time.perf_counter() - began
+        finally:
+            for proc, _url in procs:
+                if proc.returncode is None:
+                    proc.send_signal(signal.SIGTERM)
+            for proc, _url in procs:
+                await asyncio.wait_for(proc.wait(), timeout=60)
+    total = len(latencies)
+    return {
+        "setup": label,
+        "processes": processes,
+        "messages": total,
+        "msgs_per_s": round(total / wall, 1),
+        "p50_ms": round(pct(latencies, 0.50) * 1000, 1),
+        "p99_ms": round(pct(latencies, 0.99) * 1000, 1),
+    }
+
+
+async def measure(sessions: int, messages: int) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    pg = ThrowawayPostgres().start()
+    try:
+        async with fake_llm_process() as llm_url:
+            with tempfile.TemporaryDirectory() as tmp:
+                sqlite_url = f"sqlite:///{tmp}/gatehouse.db"
+                rows.append(await _run("SQLite", sqlite_url, 1, llm_url, sessions, messages))
+            for processes in (1, 2, 4):
+                url = pg.new_database()
+                label = "PostgreSQL"
+                rows.append(await _run(label, url, processes, llm_url, sessions, messages))
+    finally:
+        pg.stop()
+    base = rows[0]["msgs_per_s"]
+    for row in rows:
+        row["vs_sqlite"] = round(row["msgs_per_s"] / base, 2)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--sessions", type=int, default=40)
+    parser.add_argument("--messages", type=int, default=10)
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args()
+    rows = asyncio.run(measure(args.sessions, args.messages))
+    table = Table(
+        title=f"scale-out: {args.sessions} chats x {args.messages} messages, zero-latency model, "
+        f"{os.cpu_count()} cores"
+    )
+    for column in ("setup", "processes", "msgs/s", "p50 ms", "p99 ms", "vs 1 on SQLite"):
+        table.add_column(column, justify="left" if column == "setup" else "right")
+    for r in rows:
+        table.add_row(
+            r["setup"], str(r["processes"]), f"{r['msgs_per_s']:.1f}", f"{r['p50_ms']:.1f}",
+            f"{r['p99_ms']:.1f}", f"×{r['vs_sqlite']:.2f}",
+        )
+    Console().print(table)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
