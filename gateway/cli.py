@@ -47,6 +47,8 @@ app.add_typer(pairing_app, name="pairing")
 memory_app = typer.Typer(help="Inspect the workspace memory (memory/ notes, MEMORY.md).",
                          no_args_is_help=True)
 app.add_typer(memory_app, name="memory")
+db_app = typer.Typer(help="The database schema (Alembic migrations).", no_args_is_help=True)
+app.add_typer(db_app, name="db")
 
 
 class State:
@@ -623,6 +625,55 @@ def config_check() -> None:
     console.print(f"database:  {_safe_url(config)}")
     console.print(f"workspace: {config.workspace}")
     console.print(f"llm:       {config.llm.base_url or '(not configured)'} model={config.llm.model}")
+
+
+@db_app.command("upgrade")
+def db_upgrade() -> None:
+    """Bring the database to the newest schema (every process also does this when it opens)."""
+    from gateway.store import Store
+
+    config = _config()
+
+    async def upgrade() -> str:
+        store = Store(config.database_url)
+        try:
+            await store.init()
+            return store.schema_status
+        finally:
+            await store.close()
+
+    console.print(f"{_safe_url(config)}: {asyncio.run(upgrade())}")
+
+
+@db_app.command("current")
+def db_current() -> None:
+    """Show the database's schema revision and the newest one this release knows."""
+    from sqlalchemy import create_engine
+
+    from gateway.store.db import sync_url
+    from gateway.store.schema import current_revision, head_revision
+
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import OperationalError
+
+    config = _config()
+    url = sync_url(config.database_url)
+    database = make_url(url).database
+    if url.startswith("sqlite") and database and not Path(database).exists():
+        console.print(f"no database yet at {database} (`gatehouse db upgrade` creates it)")
+        raise typer.Exit(1)
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            current = current_revision(conn)
+    except OperationalError as exc:
+        err_console.print(f"[red]cannot open {_safe_url(config)}:[/red] {escape(str(exc.orig))}")
+        raise typer.Exit(1) from None
+    finally:
+        engine.dispose()
+    head = head_revision()
+    state_text = "up to date" if current == head else "needs `gatehouse db upgrade`"
+    console.print(f"database revision: {current or '(none)'}; newest: {head} ({state_text})")
 
 
 def main() -> None:

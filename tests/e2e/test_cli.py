@@ -117,3 +117,15 @@ async def test_init_writes_config_and_workspace(tmp_path: Path) -> None:
     assert (site / "data" / "workspace" / "memory").is_dir()
     code, out, _ = await run_cli("init", "--dir", "site", cwd=tmp_path)
     assert "already exists" in out
+
+
+async def test_db_current_and_upgrade(tmp_path: Path) -> None:
+    config = str(write_config(tmp_path, None))
+    code, out, _err = await run_cli("--config", config, "db", "current", cwd=tmp_path)
+    assert code == 1 and "no database yet" in out
+    code, out, err = await run_cli("--config", config, "db", "upgrade", cwd=tmp_path)
+    assert code == 0, err
+    assert "created the tables at revision" in out
+    code, out, err = await run_cli("--config", config, "db", "current", cwd=tmp_path)
+    assert code == 0, err
+    assert "(up to date)" in " ".join(out.split())
