@@ -649,12 +649,11 @@ def db_upgrade() -> None:
 def db_current() -> None:
     """Show the database's schema revision and the newest one this release knows."""
     from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import OperationalError
 
     from gateway.store.db import sync_url
     from gateway.store.schema import current_revision, head_revision
-
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import OperationalError
 
     config = _config()
     url = sync_url(config.database_url)
