@@ -12,9 +12,12 @@ from gateway.config import Config
 from gateway.context_setup import ContextResolver
 from gateway.engines import load_engine
 from gateway.llm import NOT_CONFIGURED, LLMProvider
+from gateway.maintenance import Maintenance
 from gateway.memory_tools import MemoryFlush, MemoryTools
 from gateway.queue import LanesClosedError, SessionLanes
 from gateway.runner import Runner
+from gateway.schedule_tools import ScheduleTools
+from gateway.scheduler import Scheduler
 from gateway.sessions import SessionKeyer
 from gateway.store import SessionInfo, Store
 from gateway.store.db import CONTEXT_STATUS
@@ -57,6 +60,12 @@ class Gateway:
             MemoryFlush(self.llm, memory_only, self.store, config.gateway.timezone),
         )
         self.lanes = SessionLanes(self.runner.run_turn, config.gateway.max_concurrent_turns)
+        self.scheduler = Scheduler(config, write_lock=self.store.write_lock)
+        self.maintenance = Maintenance(self)
+        if config.scheduler.enabled:
+            for tool in ScheduleTools(self.scheduler, config).tools():
+                if tool.name not in self.tools.tools:
+                    self.tools.register(tool)
         self.access = AccessPolicy(config, self.store)
         self.runner.typing = self.typing
         if config.memory.archive_transcripts:
@@ -91,9 +100,12 @@ class Gateway:
         for session in await self.store.sessions_with_pending():
             log.info("resuming unanswered messages in %s", session.key)
             self.lanes.notify(session.key)
+        if self.config.scheduler.enabled:
+            await self.scheduler.start(self, self.maintenance.jobs())
 
     async def stop(self, grace: float = 10.0) -> None:
         """Finish in-flight turns (or record them as interrupted), then close everything."""
+        await self.scheduler.stop(grace)
         await self.lanes.close(grace)
         for channel in self.channels.values():
             try:

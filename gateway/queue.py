@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,7 @@ class SessionLanes:
         self._slots = asyncio.Semaphore(max_concurrent)
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._dirty: set[str] = set()
+        self._held: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._closed = False
         self.max_concurrent = max_concurrent
 
@@ -52,7 +54,7 @@ class SessionLanes:
     async def _lane(self, key: str) -> None:
         try:
             while key in self._dirty and not self._closed:
-                async with self._slots:
+                async with self._lane_lock(key), self._slots:
                     self._dirty.discard(key)
                     try:
                         await self._run_turn(key)
@@ -63,6 +65,28 @@ class SessionLanes:
                         log.exception("turn failed for session %s", key)
         finally:
             self._workers.pop(key, None)
+
+    def _lane_lock(self, key: str) -> asyncio.Lock:
+        lock = self._held.get(key)
+        if lock is None:
+            lock = self._held[key] = asyncio.Lock()
+        return lock
+
+    @contextlib.asynccontextmanager
+    async def hold(self, session_key: str) -> AsyncIterator[None]:
+        """Own a session's lane without a turn: waits for a running turn to finish and keeps
+        new turns out until released (idle compaction, a reset, a reminder landing in the
+        history). Messages that arrive meanwhile are answered right after."""
+        async with self._lane_lock(session_key):
+            yield
+
+    async def run_now(self, session_key: str) -> None:
+        """Run one turn for a session and wait for it (a scheduled task's turn), under the
+        same rules as any turn: its lane, and a concurrency slot."""
+        if self._closed:
+            raise LanesClosedError("the gateway is shutting down")
+        async with self._lane_lock(session_key), self._slots:
+            await self._run_turn(session_key)
 
     async def join(self) -> None:
         """Wait until every lane is idle (used by tests and benchmarks)."""

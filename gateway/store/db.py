@@ -92,6 +92,13 @@ class Store:
         self._session_ids: dict[str, int] = {}
 
     @property
+    def write_lock(self) -> asyncio.Lock | None:
+        """Held by every write transaction on SQLite (None on PostgreSQL). Synchronous writers
+        in this event loop (the scheduler's job store) take it too, so they never wait on a
+        SQLite lock held by a transaction that is paused on this loop."""
+        return self._write_lock
+
+    @property
     def is_sqlite(self) -> bool:
         return self.url.startswith("sqlite")
 
@@ -168,11 +175,28 @@ class Store:
     async def sessions_with_pending(self) -> list[SessionRow]:
         """Sessions with inbound messages no turn has answered yet (e.g. after a crash)."""
         async with self._sessions() as db:
-            pending = select(MessageRow.session_id).where(
-                col(MessageRow.handled).is_(False),
-                or_(col(MessageRow.status).is_(None), col(MessageRow.status) != CONTEXT_STATUS),
-            )
+            pending = select(MessageRow.session_id).where(*_awaiting_answer())
             result = await db.exec(select(SessionRow).where(col(SessionRow.id).in_(pending)))
+            return list(result.all())
+
+    async def has_pending(self, session_id: int) -> bool:
+        """Whether inbound messages of this session still wait for a turn's answer."""
+        async with self._sessions() as db:
+            result = await db.exec(
+                select(MessageRow.id).where(
+                    MessageRow.session_id == session_id, *_awaiting_answer()
+                )
+            )
+            return result.first() is not None
+
+    async def sessions_idle_since(self, cutoff: datetime) -> list[SessionRow]:
+        """Sessions with no activity (message, compaction) since `cutoff`, oldest first."""
+        async with self._sessions() as db:
+            result = await db.exec(
+                select(SessionRow)
+                .where(col(SessionRow.updated_at) < cutoff)
+                .order_by(col(SessionRow.updated_at))
+            )
             return list(result.all())
 
     async def set_session_error(self, session_id: int, error: str | None) -> None:
@@ -418,6 +442,18 @@ class Store:
             db.add(row)
         return row
 
+    async def expire_pairings(self) -> list[PairingRow]:
+        """Mark pending codes past their expiry as "expired"; return them."""
+        now = utcnow()
+        async with self._write() as db:
+            result = await db.exec(select(PairingRow).where(PairingRow.status == "pending"))
+            expired = [r for r in result.all() if _aware(r.expires_at) <= now]
+            for row in expired:
+                row.status = "expired"
+                row.decided_at = now
+                db.add(row)
+        return expired
+
     async def approved_senders(self, platform: str) -> set[str]:
         async with self._sessions() as db:
             result = await db.exec(
@@ -501,6 +537,14 @@ class Store:
                 .order_by(col(CompactionRow.id).desc())
             )
             return result.first()
+
+
+def _awaiting_answer() -> tuple[Any, ...]:
+    """Inbound messages no turn has answered yet (context-only group messages excluded)."""
+    return (
+        col(MessageRow.handled).is_(False),
+        or_(col(MessageRow.status).is_(None), col(MessageRow.status) != CONTEXT_STATUS),
+    )
 
 
 def _aware(value: datetime) -> datetime:
