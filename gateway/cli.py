@@ -647,15 +647,16 @@ def jobs_list(
     if as_json:
         print(json.dumps([j.to_json() for j in jobs], indent=2, ensure_ascii=False))
         return
-    table = Table("id", "kind", "schedule", "next run", "session / target", "what")
+    table = Table("kind", "schedule", "next run", "session / target", "what")
+    table.add_column("id", no_wrap=True)
     for j in jobs:
         where = j.session_key or ""
         if j.target is not None and j.kind == "cron":
             where += f" → {j.target.describe()}"
         table.add_row(
-            j.id, j.kind, escape(j.schedule),
+            j.kind, escape(j.schedule),
             j.next_run.isoformat(timespec="minutes") if j.next_run else "-",
-            escape(where), escape((j.text or j.name)[:80]),
+            escape(where), escape((j.text or j.name)[:80]), j.id,
         )
     console.print(table)
 
@@ -668,13 +669,14 @@ def jobs_cancel(job_id: Annotated[str, typer.Argument(help="The job id (see `job
     config = _config()
     if job_id in {j.id for j in maintenance_schedule(config)}:
         err_console.print(
-            f"{job_id} is a maintenance job: turn it off in [scheduler] of the config",
+            escape(f"{job_id} is a maintenance job: turn it off in [scheduler] of the config"),
             highlight=False,
         )
         raise typer.Exit(1)
     info = asyncio.run(_jobs(config, cancel=job_id))
     if info is None:
-        err_console.print(f"no job {job_id!r} (see `gatehouse jobs list`)", highlight=False)
+        err_console.print(escape(f"no job {job_id!r} (see `gatehouse jobs list`)"),
+                          highlight=False)
         raise typer.Exit(1)
     console.print(f"cancelled {info.kind} {info.id} of {escape(info.session_key or '-')}")
 

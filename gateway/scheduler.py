@@ -514,7 +514,8 @@ class Scheduler:
             raise KeyError(job_id)
         assert self._gateway is not None
         with running_jobs_for(self._gateway):
-            return await job.func()
+            task = asyncio.create_task(job.func(), name=f"job:{job_id}")
+        return await task
 
 
 def _tracked(run: Callable[[], Awaitable[Any]] | None) -> Callable[[], Awaitable[Any]]:
