@@ -287,6 +287,8 @@ def sessions_show(
                 f"{q.get('identifier_retention', 0):.0%}, ratio {q.get('compression_ratio', 0):.2f}"
                 + (f", fallback {q['fallback']}" if q.get("fallback") else "")
             )
+            if q.get("reason") == "reset":
+                quality = f"reset ({q.get('why', '')}): a fresh context, nothing deleted"
             history.add_row(
                 str(c["id"]), f"{c['first_seq']}-{c['last_seq']}",
                 f"{c['tokens_before']:,} → {c['tokens_after']:,}", quality, c["created_at"],

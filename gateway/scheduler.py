@@ -307,7 +307,11 @@ class _SerializedScheduler(AsyncIOScheduler):  # type: ignore[misc]
         while True:
             self._again = False
             async with self._write_lock or contextlib.nullcontext():
-                wait_seconds = self._process_jobs()
+                try:
+                    wait_seconds = self._process_jobs()
+                except Exception:  # e.g. the database went away: try again later
+                    log.exception("scheduler: processing jobs failed; retrying")
+                    wait_seconds = self.jobstore_retry_interval
             if not self._again:
                 break
         if self._eventloop is not None:
