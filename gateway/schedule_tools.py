@@ -290,7 +290,7 @@ class ScheduleTools:
         except KeyError:
             enabled = False
         if not enabled:
-            known = [n for n in ("telegram", "slack", "discord", "webchat", "console")
+            known = [n for n in type(self.config.channels).model_fields
                      if self.config.channels.get(n).enabled]
             raise ScheduleError(
                 f"no enabled channel {platform!r}; enabled channels: {', '.join(known) or 'none'}"

@@ -151,6 +151,18 @@ class ChatTarget:
         where = f"{self.platform} chat {self.chat_id}"
         return f"{where} (thread {self.thread_id})" if self.thread_id else where
 
+    def session_info(self, key: str, agent: str) -> SessionInfo:
+        """A session that lives in this chat (used when the session is first created)."""
+        return SessionInfo(
+            key=key,
+            agent=agent,
+            platform=self.platform,
+            chat_type=self.chat_type,
+            chat_id=self.chat_id,
+            thread_id=self.thread_id,
+            account=self.account,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class JobSpec:
@@ -570,15 +582,7 @@ async def fire_cron(spec: dict[str, Any]) -> None:
     job_id = job.job_id
     key = f"{CRON_SESSION_PREFIX}{job_id}"
     target = job.target
-    info = SessionInfo(
-        key=key,
-        agent=gateway.config.gateway.agent,
-        platform=target.platform,
-        chat_type=target.chat_type,
-        chat_id=target.chat_id,
-        thread_id=target.thread_id,
-        account=target.account,
-    )
+    info = target.session_info(key, gateway.config.gateway.agent)
     now = datetime.now(ZoneInfo(job.timezone or gateway.config.gateway.timezone))
     prompt = (
         f"[Scheduled task {job_id}, {job.schedule} ({job.timezone}), running at "
@@ -639,15 +643,7 @@ async def post_to_session(
     """Store first (nothing is lost if delivery fails), then deliver to the chat."""
     if await gateway.store.get_session(session_key) is None:
         await gateway.store.ensure_session(
-            SessionInfo(
-                key=session_key,
-                agent=gateway.config.gateway.agent,
-                platform=target.platform,
-                chat_type=target.chat_type,
-                chat_id=target.chat_id,
-                thread_id=target.thread_id,
-                account=target.account,
-            )
+            target.session_info(session_key, gateway.config.gateway.agent)
         )
     await store_in_session(gateway, session_key, text)
     await gateway.deliver(
