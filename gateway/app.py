@@ -11,10 +11,14 @@ from gateway.access import AccessPolicy
 from gateway.config import Config
 from gateway.context_setup import ContextResolver
 from gateway.engines import load_engine
+from gateway.leader import Leadership
 from gateway.llm import NOT_CONFIGURED, LLMProvider
+from gateway.maintenance import Maintenance
 from gateway.memory_tools import MemoryFlush, MemoryTools
 from gateway.queue import LanesClosedError, SessionLanes
 from gateway.runner import Runner
+from gateway.schedule_tools import ScheduleTools
+from gateway.scheduler import Scheduler
 from gateway.sessions import SessionKeyer
 from gateway.store import SessionInfo, Store
 from gateway.store.db import CONTEXT_STATUS
@@ -59,8 +63,16 @@ class Gateway:
         self.lanes = SessionLanes(
             self.runner.run_turn,
             config.gateway.max_concurrent_turns,
-            hold=None if self.store.is_sqlite else self.store.session_lock,
+            session_lock=None if self.store.is_sqlite else self.store.session_lock,
         )
+        self.leadership = Leadership(self.store, config.scheduler.leader_poll_seconds)
+        self.scheduler = Scheduler(config, leader=self.leadership.wait)
+        self._leader_watch: asyncio.Task[None] | None = None
+        self.maintenance = Maintenance(self)
+        if config.scheduler.enabled:
+            for tool in ScheduleTools(self.scheduler, config).tools():
+                if tool.name not in self.tools.tools:
+                    self.tools.register(tool)
         self.access = AccessPolicy(config, self.store)
         self.runner.typing = self.typing
         if config.memory.archive_transcripts:
@@ -98,6 +110,12 @@ class Gateway:
             self.lanes.notify(session.key)
         if not self.store.is_sqlite:
             self._sweeper = asyncio.create_task(self._sweep_pending(), name="pending-sweep")
+        if self.config.scheduler.enabled:
+            await self.scheduler.start(self, self.maintenance.jobs())
+            if not self.store.is_sqlite and self.scheduler.fires_jobs:
+                self._leader_watch = asyncio.create_task(
+                    self.leadership.watch(self.scheduler.step_down), name="leader-watch"
+                )
 
     async def _sweep_pending(self) -> None:
         """Several processes on PostgreSQL: answer what a process that stopped left behind.
@@ -120,6 +138,11 @@ class Gateway:
 
     async def stop(self, grace: float = 10.0) -> None:
         """Finish in-flight turns (or record them as interrupted), then close everything."""
+        await self.scheduler.stop(grace)
+        if self._leader_watch is not None:
+            self._leader_watch.cancel()
+            self._leader_watch = None
+        await self.leadership.release()
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None

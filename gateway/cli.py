@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 from dataclasses import asdict
+from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
@@ -49,6 +50,9 @@ memory_app = typer.Typer(help="Inspect the workspace memory (memory/ notes, MEMO
 app.add_typer(memory_app, name="memory")
 db_app = typer.Typer(help="The database schema (Alembic migrations).", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+jobs_app = typer.Typer(help="Scheduled jobs: reminders, cron tasks and maintenance.",
+                       no_args_is_help=True)
+app.add_typer(jobs_app, name="jobs")
 
 
 class State:
@@ -163,6 +167,7 @@ def run() -> None:
 async def _chat(config: Config, user: str | None, message: str | None) -> int:
     config.web.enabled = False
     gateway = Gateway(config)
+    gateway.scheduler.fires_jobs = False  # jobs are stored here and fire in `gatehouse run`
     channel = ConsoleChannel(user_id=user)
     gateway.add_channel(channel)
     await gateway.start()
@@ -284,6 +289,8 @@ def sessions_show(
                 f"{q.get('identifier_retention', 0):.0%}, ratio {q.get('compression_ratio', 0):.2f}"
                 + (f", fallback {q['fallback']}" if q.get("fallback") else "")
             )
+            if q.get("reason") == "reset":
+                quality = f"reset ({q.get('why', '')}): a fresh context, nothing deleted"
             history.add_row(
                 str(c["id"]), f"{c['first_seq']}-{c['last_seq']}",
                 f"{c['tokens_before']:,} → {c['tokens_after']:,}", quality, c["created_at"],
@@ -615,6 +622,67 @@ def pairing_approve(code: Annotated[str, typer.Argument(help="The 8-character co
 def pairing_deny(code: Annotated[str, typer.Argument(help="The 8-character code")]) -> None:
     """Refuse the sender with this code."""
     _decide_pairing(code, "denied")
+
+
+async def _jobs(config: Config, cancel: str | None = None) -> Any:
+    from gateway.maintenance import maintenance_schedule
+    from gateway.scheduler import JobInfo, open_job_store
+
+    async with open_job_store(config) as scheduler:
+        if cancel is not None:
+            return await scheduler.cancel(cancel)
+        jobs = await scheduler.jobs()
+    now = datetime.now(UTC)
+    maintenance = [
+        JobInfo(j.id, "maintenance", j.description, str(j.trigger),
+                j.trigger.get_next_fire_time(None, now))
+        for j in maintenance_schedule(config)
+    ] if config.scheduler.enabled else []
+    return sorted(jobs, key=lambda j: j.next_run or now) + maintenance
+
+
+@jobs_app.command("list")
+def jobs_list(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
+) -> None:
+    """Reminders and cron tasks stored in the database, then the maintenance jobs."""
+    config = _config()
+    jobs = asyncio.run(_jobs(config))
+    if as_json:
+        print(json.dumps([j.to_json() for j in jobs], indent=2, ensure_ascii=False))
+        return
+    table = Table("kind", "schedule", "next run", "session / target", "what")
+    table.add_column("id", no_wrap=True)
+    for j in jobs:
+        where = j.session_key or ""
+        if j.target is not None and j.kind == "cron":
+            where += f" → {j.target.describe()}"
+        table.add_row(
+            j.kind, escape(j.schedule),
+            j.next_run.isoformat(timespec="minutes") if j.next_run else "-",
+            escape(where), escape((j.text or j.name)[:80]), j.id,
+        )
+    console.print(table)
+
+
+@jobs_app.command("cancel")
+def jobs_cancel(job_id: Annotated[str, typer.Argument(help="The job id (see `jobs list`)")]) -> None:
+    """Cancel a reminder or cron task (works whether or not the gateway runs)."""
+    from gateway.maintenance import maintenance_schedule
+
+    config = _config()
+    if job_id in {j.id for j in maintenance_schedule(config)}:
+        err_console.print(
+            escape(f"{job_id} is a maintenance job: turn it off in [scheduler] of the config"),
+            highlight=False,
+        )
+        raise typer.Exit(1)
+    info = asyncio.run(_jobs(config, cancel=job_id))
+    if info is None:
+        err_console.print(escape(f"no job {job_id!r} (see `gatehouse jobs list`)"),
+                          highlight=False)
+        raise typer.Exit(1)
+    console.print(f"cancelled {info.kind} {info.id} of {escape(info.session_key or '-')}")
 
 
 @app.command("config-check")

@@ -239,6 +239,49 @@ class MemorySection(_Strict):
     )
 
 
+class SchedulerSection(_Strict):
+    """Reminders and cron jobs for the agent, and the gateway's own maintenance jobs."""
+
+    enabled: bool = Field(default=True, description="the scheduling tools, jobs and maintenance")
+    misfire_grace_seconds: int = Field(
+        default=300, ge=1, description="a cron or maintenance run missed by longer is skipped"
+    )
+    coalesce: bool = Field(default=True, description="several missed runs of a job run once")
+    poll_seconds: float = Field(
+        default=10.0, gt=0, description="how soon jobs added by another process are seen"
+    )
+    leader_poll_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="PostgreSQL: how soon another process takes over firing jobs from a dead one",
+    )
+    max_jobs_per_session: int = Field(default=20, ge=1)
+    idle_compaction_minutes: int = Field(
+        default=120, ge=0, description="compact sessions idle this long; 0 = off"
+    )
+    idle_compaction_min_share: float = Field(
+        default=0.5, gt=0, le=1, description="only when the prompt is this share of the threshold"
+    )
+    daily_reset: str | None = Field(
+        default=None, description='"HH:MM" in [gateway] timezone: sessions start a fresh context'
+    )
+    reset_flush_memory: bool = Field(
+        default=True, description="the memory flush runs before a session's daily reset"
+    )
+    memory_refresh_minutes: int = Field(default=10, ge=0, description="0 = off")
+    pairing_expiry_minutes: int = Field(default=5, ge=0, description="0 = off")
+
+    @field_validator("daily_reset")
+    @classmethod
+    def _clock_time(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        match = re.fullmatch(r"([01]?\d|2[0-3]):([0-5]\d)", value.strip())
+        if match is None:
+            raise ValueError("daily_reset must be a local time like 04:00")
+        return f"{int(match.group(1)):02d}:{match.group(2)}"
+
+
 class ModelSection(_Strict):
     context_window: int | None = Field(default=None, ge=1)
 
@@ -255,6 +298,7 @@ class Config(_Strict):
     channels: ChannelsSection = Field(default_factory=ChannelsSection)
     context: ContextSection = Field(default_factory=ContextSection)
     memory: MemorySection = Field(default_factory=MemorySection)
+    scheduler: SchedulerSection = Field(default_factory=SchedulerSection)
     models: dict[str, ModelSection] = Field(default_factory=dict)
     agent: AgentSection = Field(default_factory=AgentSection)
 

@@ -11,14 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 
 log = logging.getLogger(__name__)
 
 TurnFn = Callable[[str], Awaitable[None]]
-HoldFn = Callable[[str], AbstractAsyncContextManager[None]]
-"""Held around each turn: the store's cross-process session lock (PostgreSQL)."""
+SessionLock = Callable[[str], AbstractAsyncContextManager[None]]
+"""The store's cross-process session lock (a PostgreSQL advisory lock)."""
 
 
 class LanesClosedError(RuntimeError):
@@ -27,13 +28,14 @@ class LanesClosedError(RuntimeError):
 
 class SessionLanes:
     def __init__(
-        self, run_turn: TurnFn, max_concurrent: int = 8, hold: HoldFn | None = None
+        self, run_turn: TurnFn, max_concurrent: int = 8, session_lock: SessionLock | None = None
     ) -> None:
         self._run_turn = run_turn
-        self._hold = hold
+        self._session_lock = session_lock
         self._slots = asyncio.Semaphore(max_concurrent)
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._dirty: set[str] = set()
+        self._held: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._closed = False
         self.max_concurrent = max_concurrent
 
@@ -63,14 +65,11 @@ class SessionLanes:
     async def _lane(self, key: str) -> None:
         try:
             while key in self._dirty and not self._closed:
-                async with self._slots:
+                async with self._lane_lock(key), self._slots:
                     self._dirty.discard(key)
                     try:
-                        if self._hold is None:
+                        async with self._across_processes(key):
                             await self._run_turn(key)
-                        else:
-                            async with self._hold(key):
-                                await self._run_turn(key)
                     except asyncio.CancelledError:
                         raise
                     except Exception:
@@ -78,6 +77,37 @@ class SessionLanes:
                         log.exception("turn failed for session %s", key)
         finally:
             self._workers.pop(key, None)
+
+    def _lane_lock(self, key: str) -> asyncio.Lock:
+        lock = self._held.get(key)
+        if lock is None:
+            lock = self._held[key] = asyncio.Lock()
+        return lock
+
+    @contextlib.asynccontextmanager
+    async def _across_processes(self, key: str) -> AsyncIterator[None]:
+        if self._session_lock is None:
+            yield
+        else:
+            async with self._session_lock(key):
+                yield
+
+    @contextlib.asynccontextmanager
+    async def hold(self, session_key: str) -> AsyncIterator[None]:
+        """Own a session's lane without a turn: waits for a running turn to finish and keeps
+        new turns out until released (idle compaction, a reset, a reminder landing in the
+        history). Messages that arrive meanwhile are answered right after."""
+        async with self._lane_lock(session_key), self._across_processes(session_key):
+            yield
+
+    async def run_now(self, session_key: str) -> None:
+        """Run one turn for a session and wait for it (a scheduled task's turn), under the
+        same rules as any turn: its lane, and a concurrency slot."""
+        if self._closed:
+            raise LanesClosedError("the gateway is shutting down")
+        async with self._lane_lock(session_key), self._slots:
+            async with self._across_processes(session_key):
+                await self._run_turn(session_key)
 
     async def join(self) -> None:
         """Wait until every lane is idle (used by tests and benchmarks)."""

@@ -205,7 +205,15 @@ class Runner:
         assert session.id is not None
         session_key = session.key
         first_seq = claimed[0].seq or 0
-        ctx = ToolContext(session_key=session_key, timezone=self.config.gateway.timezone)
+        ctx = ToolContext(
+            session_key=session_key,
+            timezone=self.config.gateway.timezone,
+            platform=claimed[-1].platform or session.platform,
+            chat_id=claimed[-1].chat_id or session.chat_id,
+            thread_id=session.thread_id,
+            chat_type=session.chat_type,
+            account=session.account,
+        )
         tool_specs = self._tool_specs()[0]
         settings = self.settings_for(session, claimed[-1].sender_id)
         if settings.window.too_small:
@@ -420,7 +428,7 @@ class Runner:
         self._histories[session_id] = cached  # re-inserted last: most recently used
         while len(self._histories) > self.history_cache_sessions:
             self._histories.pop(next(iter(self._histories)))
-        return SessionView(summary, cached.messages)
+        return SessionView(None if is_reset(summary) else summary, cached.messages)
 
     def _remember_counts(self, session_id: int, counted: Sequence[Message]) -> dict[int, int]:
         """Update the cached history with fresh counts; return {message id: tokens} to store."""
@@ -517,23 +525,79 @@ class Runner:
             cooldown_until=self._cooldown() if result.fallback else None,
         )
         self._histories.pop(session.id, None)
-        if self.archive is not None and result.last_seq is not None:
-            covered = [
-                m for m in [*turn.history, *turn.incoming]
-                if m.seq is not None and m.seq <= result.last_seq
-            ]
-            text = render_transcript(covered, 0)[0]
-            if text:
-                try:
-                    await self.archive(session_key, covered[0].seq or 0, result.last_seq, text)
-                except Exception:
-                    log.exception("could not archive the compacted transcript of %s", session_key)
+        if result.last_seq is not None:
+            await self._archive_covered(
+                session_key, [*turn.history, *turn.incoming], result.last_seq
+            )
         log.info(
             "compaction %s (%s): seq %s-%s, %d -> %d tokens, fallback=%s, quality passed=%s",
             session_key, reason, row.first_seq, row.last_seq, row.tokens_before,
             row.tokens_after, result.fallback, result.quality.passed,
         )
         return result
+
+    async def _archive_covered(
+        self, session_key: str, messages: Sequence[Message], last_seq: int
+    ) -> None:
+        """Keep the text of messages leaving the prompt searchable (memory_search transcripts)."""
+        if self.archive is None:
+            return
+        covered = [m for m in messages if m.seq is not None and m.seq <= last_seq]
+        text = render_transcript(covered, 0)[0]
+        if not text:
+            return
+        try:
+            await self.archive(session_key, covered[0].seq or 0, last_seq, text)
+        except Exception:
+            log.exception("could not archive the transcript of %s", session_key)
+
+    async def reset_session(
+        self, session_key: str, why: str, *, flush: bool = True
+    ) -> CompactionRow | None:
+        """Start a fresh context: later turns see neither the messages so far nor any summary.
+
+        Nothing is deleted. The boundary is a compaction-like row (reason "reset", empty for the
+        prompt) covering every message so far, so `sessions show --all` still shows them,
+        `memory_search` finds them (archived transcript) and `sessions uncompact` undoes the
+        reset. With `flush`, the silent memory flush runs first, as before a compaction.
+        Returns None when there is nothing to reset or a turn's messages are still unanswered.
+        The caller holds the session's lane.
+        """
+        session = await self.store.get_session(session_key)
+        if session is None or session.id is None:
+            return None
+        if await self.store.has_pending(session.id):
+            log.info("not resetting %s: it has unanswered messages", session_key)
+            return None
+        latest = await self.store.latest_compaction(session.id)
+        last_seq = session.next_seq - 1
+        if last_seq < 1 or (latest is not None and is_reset(latest) and latest.last_seq >= last_seq):
+            return None  # nothing said since the last reset
+        view = await self.view(session.id)
+        if flush and self.flush is not None and self.flush.due(session):
+            settings = self.settings_for(session, None)
+            plan = self.engine.assemble(self.turn_context(session_key, view, 1 << 62, settings))
+            await self.flush.run(session, plan.messages)
+        first_seq = min((latest.last_seq + 1) if latest else 1, last_seq)
+        row = CompactionRow(
+            session_id=session.id,
+            first_seq=first_seq,
+            last_seq=last_seq,
+            summary=(
+                f"[Session reset: {why}. Messages up to seq {last_seq} stay stored but are no "
+                "longer sent to the model.]"
+            ),
+            tokens_before=sum(m.tokens or 0 for m in view.history),
+            tokens_after=0,
+            quality={"reason": RESET_REASON, "why": why},
+            model=None,
+        )
+        await self.store.add_compaction(row, ineffective=False)
+        self._histories.pop(session.id, None)
+        await self._archive_covered(session_key, view.history, last_seq)
+        log.info("session %s reset (%s): seq %d-%d out of the prompt", session_key, why,
+                 first_seq, last_seq)
+        return row
 
     def _cooldown(self) -> datetime:
         return datetime.now(UTC) + timedelta(seconds=self.config.context.compaction_cooldown_seconds)
@@ -582,6 +646,16 @@ def compaction_blocked_reason(session: SessionRow, max_ineffective: int) -> str 
             "`gatehouse sessions compact`)"
         )
     return None
+
+
+RESET_REASON = "reset"
+
+
+def is_reset(row: CompactionRow | None) -> bool:
+    """A reset boundary (see `Runner.reset_session`), not a summary."""
+    return row is not None and isinstance(row.quality, dict) and (
+        row.quality.get("reason") == RESET_REASON
+    )
 
 
 def describe_compaction(result: CompactionResult | None) -> str:

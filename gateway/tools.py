@@ -21,10 +21,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class ToolContext:
-    """What a tool may know about the turn that called it."""
+    """What a tool may know about the turn that called it: the session, and the chat the turn
+    answers (where a reminder or a scheduled result is posted back)."""
 
     session_key: str
     timezone: str = "UTC"
+    platform: str = ""
+    chat_id: str = ""
+    thread_id: str | None = None
+    chat_type: str = ""
+    account: str = "default"
 
 
 ToolHandler = Callable[[dict[str, Any], ToolContext], Awaitable[str]]

@@ -252,6 +252,12 @@ class Store:
             raise
         return lock
 
+    async def lock_alive(self, lock: AdvisoryLock) -> bool:
+        return await self._run(lock.alive)
+
+    async def release_lock(self, lock: AdvisoryLock) -> None:
+        await asyncio.shield(self._run(lock.release))
+
     # -- sessions ---------------------------------------------------------------------------
 
     async def get_session(self, key: str) -> SessionRow | None:
@@ -301,16 +307,27 @@ class Store:
         """
 
         def op(db: Session) -> list[SessionRow]:
-            pending = select(MessageRow.session_id).where(
-                col(MessageRow.handled).is_(False),
-                or_(col(MessageRow.status).is_(None), col(MessageRow.status) != CONTEXT_STATUS),
-            )
+            pending = select(MessageRow.session_id).where(*_awaiting_answer())
             if older_than is not None:
                 cutoff = utcnow() - timedelta(seconds=older_than)
                 pending = pending.where(col(MessageRow.created_at) < cutoff)
             return list(db.exec(select(SessionRow).where(col(SessionRow.id).in_(pending))).all())
 
         return await self._read(op)
+
+    async def has_pending(self, session_id: int) -> bool:
+        """Whether inbound messages of this session still wait for a turn's answer."""
+        stmt = select(MessageRow.id).where(MessageRow.session_id == session_id, *_awaiting_answer())
+        return await self._read(lambda db: db.exec(stmt).first() is not None)
+
+    async def sessions_idle_since(self, cutoff: datetime) -> list[SessionRow]:
+        """Sessions with no activity (message, compaction) since `cutoff`, oldest first."""
+        stmt = (
+            select(SessionRow)
+            .where(col(SessionRow.updated_at) < cutoff)
+            .order_by(col(SessionRow.updated_at))
+        )
+        return await self._read(lambda db: list(db.exec(stmt).all()))
 
     async def set_session_error(self, session_id: int, error: str | None) -> None:
         stmt = (
@@ -537,6 +554,22 @@ class Store:
 
         return await self._write(op)
 
+    async def expire_pairings(self) -> list[PairingRow]:
+        """Mark pending codes past their expiry as "expired"; return them."""
+        now = utcnow()
+
+        def op(db: Session) -> list[PairingRow]:
+            pending = db.exec(select(PairingRow).where(PairingRow.status == "pending")).all()
+            expired = [r for r in pending if _aware(r.expires_at) <= now]
+            for row in expired:
+                row.status = "expired"
+                row.decided_at = now
+                db.add(row)
+            db.flush()
+            return expired
+
+        return await self._write(op)
+
     async def approved_senders(self, platform: str) -> set[str]:
         stmt = select(PairingRow.sender_id).where(
             PairingRow.platform == platform, PairingRow.status == "approved"
@@ -670,6 +703,14 @@ def _latest_compaction(session_id: int) -> Any:
         select(CompactionRow)
         .where(CompactionRow.session_id == session_id, col(CompactionRow.undone).is_(False))
         .order_by(col(CompactionRow.id).desc())
+    )
+
+
+def _awaiting_answer() -> tuple[Any, ...]:
+    """Inbound messages no turn has answered yet (context-only group messages excluded)."""
+    return (
+        col(MessageRow.handled).is_(False),
+        or_(col(MessageRow.status).is_(None), col(MessageRow.status) != CONTEXT_STATUS),
     )
 
 

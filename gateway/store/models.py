@@ -106,7 +106,7 @@ class PairingRow(SQLModel, table=True):
     sender_id: str
     sender_name: str | None = None
     code: str
-    status: str = "pending"  # pending | approved | denied
+    status: str = "pending"  # pending | approved | denied | expired
     created_at: datetime = Field(default_factory=utcnow)
     expires_at: datetime
     decided_at: datetime | None = None

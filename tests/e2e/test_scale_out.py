@@ -119,3 +119,69 @@ async def test_two_processes_answer_each_message_once_in_order(
         for c in range(CHATS):
             assert answered[5000 + c] == [f"c{c}-m{m}" for m in range(PER_CHAT)], errors
         assert all(proc.returncode == 0 for proc, _url in procs), errors
+
+
+async def _read_until(stream: asyncio.StreamReader, needle: str, seconds: float) -> None:
+    async def scan() -> None:
+        while True:
+            line = await stream.readline()
+            if not line:
+                raise AssertionError(f"process ended before logging {needle!r}")
+            if needle in line.decode(errors="replace"):
+                return
+
+    await asyncio.wait_for(scan(), seconds)
+
+
+async def test_a_killed_leader_is_replaced_and_a_due_reminder_fires_once(
+    tmp_path: Path, fake_llm: FakeOpenAI, postgres: ThrowawayPostgres
+) -> None:
+    from gateway.app import Gateway
+    from gateway.config import load_config
+    from gateway.tools import ToolContext
+
+    database = postgres.new_database()
+    async with FakeTelegram() as tg:
+        config = tmp_path / "gatehouse.toml"
+        config.write_text(
+            f'[gateway]\ndata_dir = "data"\ndatabase_url = "{database}"\n[web]\nport = 0\n'
+            f'[llm]\nbase_url = "{fake_llm.base_url}"\napi_key = "x"\nmodel = "fake-model"\n'
+            f"[scheduler]\nleader_poll_seconds = 0.3\npoll_seconds = 0.3\n"
+            f'[channels.telegram]\nenabled = true\ntoken = "{tg.token}"\n'
+            f'base_url = "{tg.base_url}"\nmode = "webhook"\n'
+            f'webhook_url = "https://bot.example/telegram/webhook"\n'
+            f'webhook_secret = "{SECRET}"\ndm_policy = "open"\n',
+            encoding="utf-8",
+        )
+        (tmp_path / "a").mkdir()
+        (tmp_path / "b").mkdir()
+        first, _ = await _start(config, tmp_path / "a")
+        assert first.stderr is not None
+        await _read_until(first.stderr, "fires scheduled jobs (leader)", 30)
+        second, _ = await _start(config, tmp_path / "b")
+        assert second.stderr is not None
+        try:
+            # A reminder is stored (as `gatehouse chat` would), due in a few seconds.
+            creator = Gateway(load_config(config))
+            creator.scheduler.fires_jobs = False
+            await creator.open(fetch_metadata=False)
+            await creator.scheduler.start(creator)
+            context = ToolContext(session_key="telegram:direct:777", timezone="UTC",
+                                  platform="telegram", chat_id="777", chat_type="direct")
+            result = await creator.tools.call(
+                "reminder_create", '{"text": "water the plants", "delay": 3}', context
+            )
+            assert result.content.startswith("Reminder "), result.content
+            await creator.scheduler.stop()
+            await creator.close()
+
+            first.kill()  # the leader dies before the reminder is due
+            await first.wait()
+            await _read_until(second.stderr, "fires scheduled jobs (leader)", 30)
+            [sent] = await tg.wait_for_call("sendMessage", timeout=30)
+            assert sent["text"] == "⏰ Reminder: water the plants"
+            await asyncio.sleep(1.5)  # a second firing would arrive now
+            assert len(tg.calls_to("sendMessage")) == 1
+        finally:
+            err = await _stop(second)
+        assert second.returncode == 0, err

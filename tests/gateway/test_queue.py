@@ -86,3 +86,55 @@ async def test_close_waits_then_cancels_and_refuses_new_work() -> None:
     assert cancelled.is_set()
     with pytest.raises(LanesClosedError):
         lanes.notify("b")
+
+
+async def test_hold_waits_for_the_running_turn_and_keeps_new_turns_out() -> None:
+    events: list[str] = []
+    release = asyncio.Event()
+
+    async def turn(key: str) -> None:
+        events.append(f"turn {key} start")
+        await release.wait()
+        events.append(f"turn {key} end")
+
+    lanes = SessionLanes(turn, max_concurrent=4)
+    lanes.notify("a")
+    await asyncio.sleep(0)
+
+    async def maintenance() -> None:
+        async with lanes.hold("a"):
+            events.append("held")
+            lanes.notify("a")  # a message arriving meanwhile waits for the hold
+            await asyncio.sleep(0.01)
+            events.append("released")
+
+    holder = asyncio.create_task(maintenance())
+    async with lanes.hold("b"):  # other sessions are not affected
+        pass
+    await asyncio.sleep(0.01)
+    assert events == ["turn a start"]
+    release.set()
+    await holder
+    await lanes.join()
+    assert events == [
+        "turn a start", "turn a end", "held", "released", "turn a start", "turn a end",
+    ]
+
+
+async def test_run_now_waits_for_its_own_turn_and_respects_the_lane() -> None:
+    order: list[str] = []
+
+    async def turn(key: str) -> None:
+        order.append(key)
+        await asyncio.sleep(0.01)
+
+    lanes = SessionLanes(turn, max_concurrent=1)
+    async with lanes.hold("cron:1"):
+        task = asyncio.create_task(lanes.run_now("cron:1"))
+        await asyncio.sleep(0.02)
+        assert order == [], "run_now waits for the lane"
+    await task
+    assert order == ["cron:1"]
+    await lanes.close()
+    with pytest.raises(LanesClosedError):
+        await lanes.run_now("cron:1")

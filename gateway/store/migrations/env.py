@@ -13,13 +13,24 @@ import gateway.store.models  # noqa: F401  (registers the tables on SQLModel.met
 
 config = context.config
 target_metadata = SQLModel.metadata
+# APScheduler creates and owns its job table (`apscheduler_jobs`); migrations leave it alone.
+FOREIGN_TABLES = {"apscheduler_jobs"}
+
+
+def include_object(
+    obj: object, name: str | None, type_: str, reflected: bool, other: object
+) -> bool:
+    return not (type_ == "table" and name in FOREIGN_TABLES)
 
 
 def run_migrations_online() -> None:
     connection = config.attributes.get("connection")
     if connection is not None:
         context.configure(
-            connection=connection, target_metadata=target_metadata, render_as_batch=True
+            connection=connection,
+            target_metadata=target_metadata,
+            render_as_batch=True,
+            include_object=include_object,
         )
         with context.begin_transaction():
             context.run_migrations()
@@ -31,7 +42,12 @@ def run_migrations_online() -> None:
         raise SystemExit("no database URL: use `gatehouse db upgrade` or `alembic -x url=...`")
     engine = create_engine(url)
     with engine.connect() as conn:
-        context.configure(connection=conn, target_metadata=target_metadata, render_as_batch=True)
+        context.configure(
+            connection=conn,
+            target_metadata=target_metadata,
+            render_as_batch=True,
+            include_object=include_object,
+        )
         with context.begin_transaction():
             context.run_migrations()
 

@@ -1,0 +1,182 @@
+"""The gateway's own scheduled jobs, from `[scheduler]` in the config.
+
+* idle-session compaction: a session quiet for `idle_compaction_minutes` whose prompt is past
+  `idle_compaction_min_share` of the compaction threshold is compacted while nobody waits for
+  it (the memory flush runs first, as always), instead of at the start of the next turn.
+* daily reset (`daily_reset = "04:00"`, [gateway] timezone): every session starts a fresh
+  context. Nothing is deleted (see `Runner.reset_session`).
+* memory index refresh: notes edited by hand are searchable without waiting for a search.
+* pairing expiry: pending codes past their hour are marked expired.
+
+Every session operation holds the session's lane, so it never races a turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.interval import IntervalTrigger
+
+from gateway.config import Config
+from gateway.runner import compaction_blocked_reason
+from gateway.scheduler import CRON_SESSION_PREFIX, MaintenanceJob
+from gateway.store import PairingRow, SessionRow
+from gateway.store.models import utcnow
+from memory.index import RefreshStats
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+log = logging.getLogger(__name__)
+
+IDLE_COMPACTION = "maintenance:idle-compaction"
+DAILY_RESET = "maintenance:daily-reset"
+MEMORY_REFRESH = "maintenance:memory-refresh"
+PAIRING_EXPIRY = "maintenance:pairing-expiry"
+
+
+def idle_sweep_minutes(idle_minutes: int) -> int:
+    """How often idle sessions are looked for: a quarter of the idle time, 1 to 15 minutes."""
+    return max(1, min(15, idle_minutes // 4))
+
+
+def maintenance_schedule(config: Config) -> list[MaintenanceJob]:
+    """The enabled maintenance jobs and their triggers (no functions: for listing)."""
+    s = config.scheduler
+    tz = config.gateway.timezone
+    jobs: list[MaintenanceJob] = []
+    if s.idle_compaction_minutes > 0:
+        jobs.append(
+            MaintenanceJob(
+                IDLE_COMPACTION,
+                f"compact sessions idle for {s.idle_compaction_minutes} min",
+                IntervalTrigger(minutes=idle_sweep_minutes(s.idle_compaction_minutes),
+                                timezone=tz),
+            )
+        )
+    if s.daily_reset is not None:
+        hour, minute = (int(p) for p in s.daily_reset.split(":"))
+        jobs.append(
+            MaintenanceJob(
+                DAILY_RESET,
+                f"reset every session's context at {s.daily_reset} {tz}",
+                CronTrigger(hour=hour, minute=minute, timezone=tz),
+            )
+        )
+    if s.memory_refresh_minutes > 0:
+        jobs.append(
+            MaintenanceJob(
+                MEMORY_REFRESH,
+                "refresh the memory search index",
+                IntervalTrigger(minutes=s.memory_refresh_minutes, timezone=tz),
+            )
+        )
+    if s.pairing_expiry_minutes > 0:
+        jobs.append(
+            MaintenanceJob(
+                PAIRING_EXPIRY,
+                "expire pending pairing codes",
+                IntervalTrigger(minutes=s.pairing_expiry_minutes, timezone=tz),
+            )
+        )
+    return jobs
+
+
+class Maintenance:
+    """The maintenance jobs of one gateway."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self._checked: dict[int, datetime] = {}
+        """Session id -> the updated_at it had when found not worth compacting."""
+
+    def jobs(self) -> list[MaintenanceJob]:
+        run = {
+            IDLE_COMPACTION: self.compact_idle_sessions,
+            DAILY_RESET: self.reset_sessions,
+            MEMORY_REFRESH: self.refresh_memory_index,
+            PAIRING_EXPIRY: self.expire_pairings,
+        }
+        return [
+            MaintenanceJob(j.id, j.description, j.trigger, run[j.id])
+            for j in maintenance_schedule(self.gateway.config)
+        ]
+
+    async def compact_idle_sessions(self) -> list[str]:
+        """Compact the idle sessions worth it; return their keys."""
+        g = self.gateway
+        settings = g.config.scheduler
+        cutoff = utcnow() - timedelta(minutes=settings.idle_compaction_minutes)
+        compacted: list[str] = []
+        for session in await g.store.sessions_idle_since(cutoff):
+            assert session.id is not None
+            if self._checked.get(session.id) == session.updated_at:
+                continue
+            if compaction_blocked_reason(session, g.config.context.max_ineffective_compactions):
+                continue
+            async with g.lanes.hold(session.key):
+                fresh = await g.store.get_session(session.key)
+                if fresh is None or fresh.updated_at != session.updated_at:
+                    continue  # a turn ran meanwhile: no longer idle
+                if await g.store.has_pending(session.id) or not await self._worth_compacting(
+                    fresh
+                ):
+                    self._checked[session.id] = session.updated_at
+                    continue
+                result = await g.runner.compact_session(session.key, reason="idle")
+            if result is not None and result.committed:
+                compacted.append(session.key)
+                log.info("idle compaction of %s: %d -> %d tokens", session.key,
+                         result.tokens_before, result.tokens_after)
+        return compacted
+
+    async def _worth_compacting(self, session: SessionRow) -> bool:
+        """The prompt (by the same count a turn uses) is past the configured share of the
+        compaction threshold."""
+        assert session.id is not None
+        runner = self.gateway.runner
+        view = await runner.view(session.id)
+        if not view.history:
+            return False
+        settings = runner.settings_for(session, None)
+        plan = self.gateway.engine.assemble(
+            runner.turn_context(session.key, view, 1 << 62, settings)
+        )
+        threshold = plan.facts.get("compaction_threshold")
+        total = plan.facts.get("tokens", {}).get("calibrated_total")
+        if not threshold or total is None:
+            return False
+        return bool(total >= self.gateway.config.scheduler.idle_compaction_min_share * threshold)
+
+    async def reset_sessions(self) -> list[str]:
+        """The daily reset: every session with something in its context starts fresh."""
+        g = self.gateway
+        why = f"daily reset at {g.config.scheduler.daily_reset} {g.config.gateway.timezone}"
+        reset: list[str] = []
+        for session in await g.store.list_sessions():
+            if session.key.startswith(CRON_SESSION_PREFIX):
+                continue  # every scheduled run starts fresh already
+            async with g.lanes.hold(session.key):
+                row = await g.runner.reset_session(
+                    session.key, why, flush=g.config.scheduler.reset_flush_memory
+                )
+            if row is not None:
+                reset.append(session.key)
+        if reset:
+            log.info("%s: %d sessions start a fresh context", why, len(reset))
+        return reset
+
+    async def refresh_memory_index(self) -> RefreshStats:
+        stats = await asyncio.to_thread(self.gateway.memory_index.refresh)
+        log.debug("memory index refreshed: %s", stats)
+        return stats
+
+    async def expire_pairings(self) -> list[PairingRow]:
+        expired = await self.gateway.store.expire_pairings()
+        for row in expired:
+            log.info("pairing code for %s user %s expired", row.platform, row.sender_id)
+        return expired
