@@ -18,6 +18,7 @@ from gateway.runner import Runner
 from gateway.sessions import SessionKeyer
 from gateway.store import SessionInfo, Store
 from gateway.store.db import CONTEXT_STATUS
+from gateway.streaming import Previews
 from gateway.summarizer import make_summary_call, summary_provider
 from gateway.text import clean_text
 from gateway.tools import ToolRegistry, default_registry
@@ -59,6 +60,7 @@ class Gateway:
         self.lanes = SessionLanes(self.runner.run_turn, config.gateway.max_concurrent_turns)
         self.access = AccessPolicy(config, self.store)
         self.runner.typing = self.typing
+        self.runner.previews = Previews(config.channels, self.channels, config.llm.stream)
         if config.memory.archive_transcripts:
             self.runner.archive = self._archive_transcript
         self._started = False
