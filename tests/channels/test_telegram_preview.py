@@ -7,9 +7,11 @@ from typing import Any
 
 import pytest
 
+from channels.base import InboundMessage, InboundResult, OutboundMessage
 from channels.formatting import TELEGRAM_LIMIT
 from channels.telegram import TelegramChannel, markdown_to_telegram_html
 from gateway.app import Gateway
+from gateway.config import TelegramSettings
 from tests.channels.previews import (
     CHUNK_DELAY,
     assert_spaced,
@@ -187,3 +189,58 @@ async def test_error_notice_replaces_the_preview(
     assert "rejected the request (400)" in final["text"]
     assert tg.bot_messages[(USER, int(final["message_id"]))]["text"] == final["text"]
     assert thinking.startswith(preview["text"])
+
+
+# -- the adapter's preview calls on their own ---------------------------------------------------
+
+
+@pytest.fixture
+async def channel(tg: FakeTelegram) -> AsyncIterator[TelegramChannel]:
+    async def ignore(message: InboundMessage) -> InboundResult:
+        return InboundResult(session_key=None, accepted=False)
+
+    ch = TelegramChannel(TelegramSettings(enabled=True, token=tg.token, base_url=tg.base_url))
+    await ch.start(ignore)
+    try:
+        yield ch
+    finally:
+        await ch.stop()
+
+
+def _message(text: str, **extra: Any) -> OutboundMessage:
+    return OutboundMessage(platform="telegram", chat_id=str(USER), text=text, session_key="k", **extra)
+
+
+@pytest.mark.filterwarnings("ignore:.*retry_after.*:DeprecationWarning")  # PTB's own warning
+async def test_a_rate_limited_edit_is_waited_out(tg: FakeTelegram, channel: TelegramChannel) -> None:
+    channel.max_retry_wait = 0.01  # Telegram asks for 30 s; the cap keeps the test short
+    preview_id = await channel.send_preview(_message("**half** written"))
+    tg.rate_limit("editMessageText", retry_after=30)
+    await channel.edit(str(USER), preview_id, "**half** written, more")
+    edits = tg.calls_to("editMessageText")
+    assert [e["text"] for e in edits] == ["**half** written, more"] * 2
+    assert tg.bot_messages[(USER, int(preview_id))]["text"] == "**half** written, more"
+
+
+async def test_the_same_text_again_is_not_an_error(
+    tg: FakeTelegram, channel: TelegramChannel
+) -> None:
+    preview_id = await channel.send_preview(_message("unchanged"))
+    await channel.edit(str(USER), preview_id, "unchanged")  # Telegram: "message is not modified"
+    assert len(tg.calls_to("editMessageText")) == 1
+    # The final reply renders to the same visible text and no tags: not modified, and done.
+    await channel.send(_message("unchanged", preview_id=preview_id))
+    assert [e.get("parse_mode") for e in tg.calls_to("editMessageText")] == [None, "HTML"]
+    assert len(tg.calls_to("sendMessage")) == 1  # not mistaken for a failed edit
+
+
+async def test_html_refused_in_the_final_edit_falls_back_to_plain(
+    tg: FakeTelegram, channel: TelegramChannel
+) -> None:
+    preview_id = await channel.send_preview(_message("**x** &"))
+    tg.fail_next["editMessageText"] = (400, "Bad Request: can't parse entities: unsupported tag")
+    await channel.send(_message("**x** & y", preview_id=preview_id))
+    html_edit, plain_edit = tg.calls_to("editMessageText")
+    assert html_edit["parse_mode"] == "HTML"
+    assert "parse_mode" not in plain_edit and plain_edit["text"] == "**x** & y"
+    assert len(tg.calls_to("sendMessage")) == 1

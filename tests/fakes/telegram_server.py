@@ -20,9 +20,9 @@ entities escaped); a violation answers ``400 Bad Request: can't parse entities: 
 ``parameters.retry_after`` like Telegram's flood control.
 
 ``editMessageText`` edits a message the bot sent (its current state is in ``bot_messages``):
-an unknown (or forgotten) message answers ``400 Bad Request: message to edit not found``, the
-same text with the same parse mode ``400 Bad Request: message is not modified``, and HTML is
-checked as for sendMessage. Every call carries ``at`` (``time.perf_counter()`` on arrival), so
+an unknown (or forgotten) message answers ``400 Bad Request: message to edit not found``, text
+that would look the same (same visible text, same HTML tags) ``400 Bad Request: message is not
+modified``, and HTML is checked as for sendMessage. Every call carries ``at`` (``time.perf_counter()`` on arrival), so
 a test can check how far apart edits came.
 """
 
@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
 import itertools
 import json
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -431,7 +433,7 @@ class FakeTelegram(LoopbackServer):
             problem = html_problem(str(text))
             if problem is not None:
                 return _error(400, f"Bad Request: can't parse entities: {problem}")
-        if text == message["text"] and parse_mode == message.get("parse_mode"):
+        if _shown(text, parse_mode) == _shown(message["text"], message.get("parse_mode")):
             return _error(
                 400,
                 "Bad Request: message is not modified: specified new message content and reply "
@@ -458,6 +460,14 @@ class FakeTelegram(LoopbackServer):
                 "pending_update_count": len(self.updates),
             }
         )
+
+
+def _shown(text: str, parse_mode: str | None) -> tuple[str, tuple[str, ...]]:
+    """What a chat shows for a text: its visible characters and its markup (HTML tags), which is
+    what Telegram compares to answer "message is not modified"."""
+    if str(parse_mode or "").lower() != "html":
+        return text, ()
+    return html.unescape(re.sub(r"<[^>]*>", "", text)), tuple(re.findall(r"</?[\w-]+", text))
 
 
 def _ok(result: Any) -> web.Response:
