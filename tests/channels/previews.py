@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
+
+from channels.base import Channel
+from gateway.app import Gateway
+from gateway.config import Config
+from tests.conftest import MakeConfig
+from tests.fakes import FakeOpenAI
 
 INTERVAL_MS = 250
 """The smallest edit interval the config accepts: keeps the tests short."""
@@ -38,3 +46,36 @@ def assert_spaced(times: list[float], interval_ms: int = INTERVAL_MS) -> None:
     """Consecutive preview calls (send, then edits) reached the server at least an interval apart."""
     gaps = [b - a for a, b in itertools.pairwise(times)]
     assert all(gap >= interval_ms / 1000 for gap in gaps), gaps
+
+
+StartGateway = Callable[..., Awaitable[Gateway]]
+"""``await start(llm={...}, **channel_keys)``: a started gateway with one platform channel."""
+
+
+@asynccontextmanager
+async def gateways(
+    fake_llm: FakeOpenAI,
+    make_config: MakeConfig,
+    platform: str,
+    connection: dict[str, Any],
+    build: Callable[[Config], Channel],
+) -> AsyncIterator[StartGateway]:
+    """Starts gateways with a `platform` channel (its `connection` keys plus the test's own) on
+    the streaming fake model; stops them all at the end."""
+    started: list[Gateway] = []
+    fake_llm.chunk_delay = CHUNK_DELAY
+
+    async def start(llm: dict[str, Any] | None = None, **keys: Any) -> Gateway:
+        section = {"enabled": True, **connection, **keys}
+        config = make_config(fake_llm, channels={platform: section}, llm=llm or {})
+        gateway = Gateway(config)
+        gateway.add_channel(build(config))
+        await gateway.start()
+        started.append(gateway)
+        return gateway
+
+    try:
+        yield start
+    finally:
+        for gateway in started:
+            await gateway.stop(grace=2)

@@ -3,18 +3,18 @@ streaming."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator
 
 import pytest
 
 from channels.discord import DiscordChannel
 from channels.formatting import DISCORD_LIMIT, DISCORD_MAX_LINES, chunk_text
-from gateway.app import Gateway
+from gateway.config import Config
 from tests.channels.previews import (
-    CHUNK_DELAY,
     INTERVAL_MS,
+    StartGateway,
     assert_spaced,
+    gateways,
     long_reply,
     preview_settings,
     streamed_reply,
@@ -22,8 +22,6 @@ from tests.channels.previews import (
 from tests.conftest import MakeConfig
 from tests.fakes import FakeOpenAI, reply
 from tests.fakes.discord_server import FakeDiscord, RecordedCall
-
-GatewayFactory = Callable[..., Any]
 
 
 @pytest.fixture
@@ -35,32 +33,19 @@ async def fake_discord() -> AsyncIterator[FakeDiscord]:
 @pytest.fixture
 async def start_gateway(
     fake_llm: FakeOpenAI, make_config: MakeConfig, fake_discord: FakeDiscord
-) -> AsyncIterator[GatewayFactory]:
+) -> AsyncIterator[StartGateway]:
     """Start a gateway with a Discord channel; keyword arguments go to [channels.discord]."""
-    started: list[Gateway] = []
-    fake_llm.chunk_delay = CHUNK_DELAY
+    connection = {
+        "token": fake_discord.token,
+        "api_base_url": fake_discord.api_base_url,
+        "gateway_url": fake_discord.gateway_url,
+    }
 
-    async def start(llm: dict[str, Any] | None = None, **discord: Any) -> Gateway:
-        section = {
-            "enabled": True,
-            "token": fake_discord.token,
-            "api_base_url": fake_discord.api_base_url,
-            "gateway_url": fake_discord.gateway_url,
-            **discord,
-        }
-        config = make_config(fake_llm, channels={"discord": section}, llm=llm or {})
-        gateway = Gateway(config)
-        channel = DiscordChannel(config.channels.discord, guild_ready_timeout=0.01, ready_timeout=10)
-        gateway.add_channel(channel)
-        await gateway.start()
-        started.append(gateway)
-        return gateway
+    def build(config: Config) -> DiscordChannel:
+        return DiscordChannel(config.channels.discord, guild_ready_timeout=0.01, ready_timeout=10)
 
-    try:
+    async with gateways(fake_llm, make_config, "discord", connection, build) as start:
         yield start
-    finally:
-        for gateway in started:
-            await gateway.stop(grace=2)
 
 
 def _outbound(fake: FakeDiscord, channel_id: str) -> list[RecordedCall]:
@@ -73,18 +58,15 @@ def _outbound(fake: FakeDiscord, channel_id: str) -> list[RecordedCall]:
 
 
 async def _final_edit(fake: FakeDiscord, channel_id: str, content: str) -> None:
-    await fake._wait(
-        lambda: any(
-            c.method == "PATCH" and c.status == 200 and (c.json or {}).get("content") == content
-            for c in _outbound(fake, channel_id)
-        ),
-        5.0,
-        "the final edit",
+    await fake.wait_for_call(
+        "PATCH",
+        f"/channels/{channel_id}/messages/",
+        where=lambda c: c.status == 200 and (c.json or {}).get("content") == content,
     )
 
 
 async def test_streamed_reply_is_one_preview_edited_then_final(
-    start_gateway: GatewayFactory, fake_discord: FakeDiscord, fake_llm: FakeOpenAI
+    start_gateway: StartGateway, fake_discord: FakeDiscord, fake_llm: FakeOpenAI
 ) -> None:
     gateway = await start_gateway(**preview_settings())
     answer = streamed_reply()
@@ -112,7 +94,7 @@ async def test_streamed_reply_is_one_preview_edited_then_final(
 
 
 async def test_long_reply_edits_the_preview_into_chunk_one_and_sends_the_rest(
-    start_gateway: GatewayFactory, fake_discord: FakeDiscord, fake_llm: FakeOpenAI
+    start_gateway: StartGateway, fake_discord: FakeDiscord, fake_llm: FakeOpenAI
 ) -> None:
     gateway = await start_gateway(**preview_settings())
     answer = long_reply(DISCORD_LIMIT + 1_500)
@@ -132,7 +114,7 @@ async def test_long_reply_edits_the_preview_into_chunk_one_and_sends_the_rest(
 
 
 async def test_preview_off_is_a_single_send(
-    start_gateway: GatewayFactory, fake_discord: FakeDiscord, fake_llm: FakeOpenAI
+    start_gateway: StartGateway, fake_discord: FakeDiscord, fake_llm: FakeOpenAI
 ) -> None:
     gateway = await start_gateway(llm={"stream": True}, dm_policy="open")
     answer = streamed_reply(20)
@@ -147,7 +129,7 @@ async def test_preview_off_is_a_single_send(
 
 
 async def test_a_deleted_preview_does_not_lose_the_reply(
-    start_gateway: GatewayFactory, fake_discord: FakeDiscord, fake_llm: FakeOpenAI
+    start_gateway: StartGateway, fake_discord: FakeDiscord, fake_llm: FakeOpenAI
 ) -> None:
     gateway = await start_gateway(**preview_settings())
     answer = streamed_reply()
@@ -165,7 +147,7 @@ async def test_a_deleted_preview_does_not_lose_the_reply(
 
 
 async def test_a_rate_limited_edit_is_waited_out_by_discord_py(
-    start_gateway: GatewayFactory, fake_discord: FakeDiscord, fake_llm: FakeOpenAI
+    start_gateway: StartGateway, fake_discord: FakeDiscord, fake_llm: FakeOpenAI
 ) -> None:
     gateway = await start_gateway(**preview_settings())
     answer = streamed_reply()

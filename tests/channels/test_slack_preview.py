@@ -3,17 +3,17 @@ streaming."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator
 
 import pytest
 
 from channels.formatting import SLACK_LIMIT
 from channels.slack import SlackChannel, markdown_to_mrkdwn, slack_chunks
-from gateway.app import Gateway
+from gateway.config import Config
 from tests.channels.previews import (
-    CHUNK_DELAY,
+    StartGateway,
     assert_spaced,
+    gateways,
     long_reply,
     preview_settings,
     streamed_reply,
@@ -23,7 +23,6 @@ from tests.fakes import FakeOpenAI, reply
 from tests.fakes.slack_server import ApiCall, FakeSlack, im_message
 
 DM = "D0000DM01"
-GatewayFactory = Callable[..., Any]
 
 
 @pytest.fixture
@@ -35,31 +34,15 @@ async def fake_slack() -> AsyncIterator[FakeSlack]:
 @pytest.fixture
 async def start_gateway(
     fake_llm: FakeOpenAI, make_config: MakeConfig, fake_slack: FakeSlack
-) -> AsyncIterator[GatewayFactory]:
+) -> AsyncIterator[StartGateway]:
     """Start a gateway with a Slack channel; keyword arguments go to [channels.slack]."""
-    started: list[Gateway] = []
-    fake_llm.chunk_delay = CHUNK_DELAY
+    connection = {"bot_token": "xoxb-test", "app_token": "xapp-test", "base_url": fake_slack.api_url}
 
-    async def start(llm: dict[str, Any] | None = None, **slack: Any) -> Gateway:
-        section = {
-            "enabled": True,
-            "bot_token": "xoxb-test",
-            "app_token": "xapp-test",
-            "base_url": fake_slack.api_url,
-            **slack,
-        }
-        config = make_config(fake_llm, channels={"slack": section}, llm=llm or {})
-        gateway = Gateway(config)
-        gateway.add_channel(SlackChannel(config.channels.slack))
-        await gateway.start()
-        started.append(gateway)
-        return gateway
+    def build(config: Config) -> SlackChannel:
+        return SlackChannel(config.channels.slack)
 
-    try:
+    async with gateways(fake_llm, make_config, "slack", connection, build) as start:
         yield start
-    finally:
-        for gateway in started:
-            await gateway.stop()
 
 
 def _outbound(fake: FakeSlack) -> list[ApiCall]:
@@ -69,15 +52,11 @@ def _outbound(fake: FakeSlack) -> list[ApiCall]:
 
 
 async def _final_update(fake: FakeSlack, text: str) -> None:
-    await fake._wait(
-        lambda: any(c.method == "chat.update" and c.params.get("text") == text for c in fake.calls),
-        5.0,
-        "the final chat.update",
-    )
+    await fake.wait_for_call("chat.update", where=lambda params: params.get("text") == text)
 
 
 async def test_streamed_reply_is_one_preview_edited_then_formatted(
-    start_gateway: GatewayFactory, fake_slack: FakeSlack, fake_llm: FakeOpenAI
+    start_gateway: StartGateway, fake_slack: FakeSlack, fake_llm: FakeOpenAI
 ) -> None:
     gateway = await start_gateway(**preview_settings())
     answer = streamed_reply()
@@ -104,7 +83,7 @@ async def test_streamed_reply_is_one_preview_edited_then_formatted(
 
 
 async def test_preview_text_is_escaped(
-    start_gateway: GatewayFactory, fake_slack: FakeSlack, fake_llm: FakeOpenAI
+    start_gateway: StartGateway, fake_slack: FakeSlack, fake_llm: FakeOpenAI
 ) -> None:
     gateway = await start_gateway(**preview_settings())
     answer = "Careful with <!channel> & friends: " + streamed_reply(10)
@@ -119,7 +98,7 @@ async def test_preview_text_is_escaped(
 
 
 async def test_long_reply_edits_the_preview_into_chunk_one_and_posts_the_rest(
-    start_gateway: GatewayFactory, fake_slack: FakeSlack, fake_llm: FakeOpenAI
+    start_gateway: StartGateway, fake_slack: FakeSlack, fake_llm: FakeOpenAI
 ) -> None:
     gateway = await start_gateway(**preview_settings())
     answer = long_reply(SLACK_LIMIT + 1_500)
@@ -139,7 +118,7 @@ async def test_long_reply_edits_the_preview_into_chunk_one_and_posts_the_rest(
 
 
 async def test_preview_off_is_a_single_post(
-    start_gateway: GatewayFactory, fake_slack: FakeSlack, fake_llm: FakeOpenAI
+    start_gateway: StartGateway, fake_slack: FakeSlack, fake_llm: FakeOpenAI
 ) -> None:
     gateway = await start_gateway(llm={"stream": True}, dm_policy="open")
     answer = streamed_reply(20)
@@ -154,7 +133,7 @@ async def test_preview_off_is_a_single_post(
 
 
 async def test_a_deleted_preview_does_not_lose_the_reply(
-    start_gateway: GatewayFactory, fake_slack: FakeSlack, fake_llm: FakeOpenAI
+    start_gateway: StartGateway, fake_slack: FakeSlack, fake_llm: FakeOpenAI
 ) -> None:
     gateway = await start_gateway(**preview_settings())
     answer = streamed_reply()

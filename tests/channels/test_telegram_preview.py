@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -10,11 +10,11 @@ import pytest
 from channels.base import InboundMessage, InboundResult, OutboundMessage
 from channels.formatting import TELEGRAM_LIMIT
 from channels.telegram import TelegramChannel, markdown_to_telegram_html
-from gateway.app import Gateway
-from gateway.config import TelegramSettings
+from gateway.config import Config, TelegramSettings
 from tests.channels.previews import (
-    CHUNK_DELAY,
+    StartGateway,
     assert_spaced,
+    gateways,
     long_reply,
     preview_settings,
     streamed_reply,
@@ -25,7 +25,6 @@ from tests.fakes.telegram_server import Call, FakeTelegram
 
 USER = 7
 
-GatewayFactory = Callable[..., Any]
 
 
 @pytest.fixture
@@ -37,25 +36,15 @@ async def tg() -> AsyncIterator[FakeTelegram]:
 @pytest.fixture
 async def start_gateway(
     fake_llm: FakeOpenAI, make_config: MakeConfig, tg: FakeTelegram
-) -> AsyncIterator[GatewayFactory]:
+) -> AsyncIterator[StartGateway]:
     """Start a gateway with a Telegram channel; keyword arguments go to [channels.telegram]."""
-    started: list[Gateway] = []
-    fake_llm.chunk_delay = CHUNK_DELAY
+    connection = {"token": tg.token, "base_url": tg.base_url}
 
-    async def start(llm: dict[str, Any] | None = None, **telegram: Any) -> Gateway:
-        section = {"enabled": True, "token": tg.token, "base_url": tg.base_url, **telegram}
-        config = make_config(fake_llm, channels={"telegram": section}, llm=llm or {})
-        gateway = Gateway(config)
-        gateway.add_channel(TelegramChannel(config.channels.telegram))
-        await gateway.start()
-        started.append(gateway)
-        return gateway
+    def build(config: Config) -> TelegramChannel:
+        return TelegramChannel(config.channels.telegram)
 
-    try:
+    async with gateways(fake_llm, make_config, "telegram", connection, build) as start:
         yield start
-    finally:
-        for gateway in started:
-            await gateway.stop(grace=2)
 
 
 def _outbound(tg: FakeTelegram) -> list[Call]:
@@ -67,7 +56,7 @@ def _is_html(params: dict[str, Any]) -> bool:
 
 
 async def test_streamed_reply_is_one_preview_edited_then_formatted(
-    start_gateway: GatewayFactory, tg: FakeTelegram, fake_llm: FakeOpenAI
+    start_gateway: StartGateway, tg: FakeTelegram, fake_llm: FakeOpenAI
 ) -> None:
     gateway = await start_gateway(**preview_settings())
     answer = streamed_reply()
@@ -98,7 +87,7 @@ async def test_streamed_reply_is_one_preview_edited_then_formatted(
 
 
 async def test_long_reply_edits_the_preview_into_chunk_one_and_sends_the_rest(
-    start_gateway: GatewayFactory, tg: FakeTelegram, fake_llm: FakeOpenAI
+    start_gateway: StartGateway, tg: FakeTelegram, fake_llm: FakeOpenAI
 ) -> None:
     gateway = await start_gateway(**preview_settings())
     answer = long_reply(TELEGRAM_LIMIT + 1_500)
@@ -122,7 +111,7 @@ async def test_long_reply_edits_the_preview_into_chunk_one_and_sends_the_rest(
 
 
 async def test_preview_off_is_a_single_send(
-    start_gateway: GatewayFactory, tg: FakeTelegram, fake_llm: FakeOpenAI
+    start_gateway: StartGateway, tg: FakeTelegram, fake_llm: FakeOpenAI
 ) -> None:
     gateway = await start_gateway(llm={"stream": True}, dm_policy="open")
     answer = streamed_reply(20)
@@ -138,7 +127,7 @@ async def test_preview_off_is_a_single_send(
 
 
 async def test_a_deleted_preview_does_not_lose_the_reply(
-    start_gateway: GatewayFactory, tg: FakeTelegram, fake_llm: FakeOpenAI
+    start_gateway: StartGateway, tg: FakeTelegram, fake_llm: FakeOpenAI
 ) -> None:
     gateway = await start_gateway(**preview_settings())
     answer = streamed_reply()
@@ -157,7 +146,7 @@ async def test_a_deleted_preview_does_not_lose_the_reply(
 
 
 async def test_tool_round_then_answer_replaces_the_preview(
-    start_gateway: GatewayFactory, tg: FakeTelegram, fake_llm: FakeOpenAI
+    start_gateway: StartGateway, tg: FakeTelegram, fake_llm: FakeOpenAI
 ) -> None:
     gateway = await start_gateway(**preview_settings())
     thinking = "Let me check the clock for you before I answer that."
@@ -175,7 +164,7 @@ async def test_tool_round_then_answer_replaces_the_preview(
 
 
 async def test_error_notice_replaces_the_preview(
-    start_gateway: GatewayFactory, tg: FakeTelegram, fake_llm: FakeOpenAI
+    start_gateway: StartGateway, tg: FakeTelegram, fake_llm: FakeOpenAI
 ) -> None:
     gateway = await start_gateway(**preview_settings())
     thinking = "Let me check the clock for you before I answer that."

@@ -202,14 +202,20 @@ class FakeDiscord(LoopbackServer):
         path_prefix: str,
         n: int = 1,
         timeout: float = 5.0,  # noqa: ASYNC109
+        where: Callable[[RecordedCall], bool] | None = None,
     ) -> list[RecordedCall]:
-        """Wait until ``n`` calls matching ``method`` and ``path_prefix`` arrived; return them all."""
+        """Wait until ``n`` calls matching ``method``, ``path_prefix`` (and ``where``) arrived;
+        return them all."""
+
+        def matching() -> list[RecordedCall]:
+            return [c for c in self.calls_to(method, path_prefix) if where is None or where(c)]
+
         await self._wait(
-            lambda: len(self.calls_to(method, path_prefix)) >= n,
+            lambda: len(matching()) >= n,
             timeout,
-            f"{n} {method} {path_prefix} call(s) (got {len(self.calls_to(method, path_prefix))})",
+            f"{n} {method} {path_prefix} call(s) (got {len(matching())})",
         )
-        return self.calls_to(method, path_prefix)
+        return matching()
 
     async def wait_for_disconnect(self, timeout: float = 5.0) -> None:  # noqa: ASYNC109
         """Wait until no gateway websocket is open."""

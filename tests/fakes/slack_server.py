@@ -431,14 +431,25 @@ class FakeSlack(LoopbackServer):
         except TimeoutError:
             raise TimeoutError(f"timed out after {timeout}s waiting for {what}") from None
 
-    async def wait_for_call(self, method: str, n: int = 1, timeout: float = 5.0) -> list[JSON]:  # noqa: ASYNC109
-        """Wait until ``method`` was called at least ``n`` times; return the first ``n`` params."""
+    async def wait_for_call(
+        self,
+        method: str,
+        n: int = 1,
+        timeout: float = 5.0,  # noqa: ASYNC109
+        where: Callable[[JSON], bool] | None = None,
+    ) -> list[JSON]:
+        """Wait until ``method`` was called at least ``n`` times (with params matching ``where``);
+        return the first ``n`` such params."""
+
+        def matching() -> list[JSON]:
+            return [p for p in self.calls_to(method) if where is None or where(p)]
+
         await self._wait(
-            lambda: len(self.calls_to(method)) >= n,
+            lambda: len(matching()) >= n,
             timeout,
-            f"{n} {method} call(s) (got {len(self.calls_to(method))})",
+            f"{n} {method} call(s) (got {len(matching())})",
         )
-        return self.calls_to(method)[:n]
+        return matching()[:n]
 
     async def wait_for_ack(self, envelope_id: str, timeout: float = 5.0) -> JSON:  # noqa: ASYNC109
         """Wait for the client's ack of ``envelope_id``; return the ack message."""
