@@ -71,10 +71,11 @@ class PreviewStream:
         return self._message_id
 
     def update(self, text: str) -> None:
-        """The reply so far (the whole text, not a delta). Never blocks, never raises."""
-        if self._closed or self._gave_up or len(text.strip()) < self.min_chars:
+        """The reply so far (the whole text, not a delta). Never blocks, never raises; called
+        for every streamed token, so it only keeps the text (the worker formats what it shows)."""
+        if self._closed or self._gave_up or len(text) < self.min_chars:
             return
-        self._latest = preview_tail(text, self.max_chars)
+        self._latest = text
         if self._worker is None:
             self._worker = asyncio.create_task(
                 self._run(), name=f"preview:{self.target.session_key}"
@@ -112,8 +113,8 @@ class PreviewStream:
         while not self._closed:
             await self._wake.wait()
             self._wake.clear()
-            text = self._latest
-            if text == self._shown:
+            text = preview_tail(self._latest, self.max_chars)
+            if not text or text == self._shown:
                 continue
             self._busy = True
             try:
