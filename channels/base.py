@@ -51,6 +51,9 @@ class OutboundMessage:
     account: str = "default"
     answers: tuple[str, ...] = ()
     """Platform message ids this reply answers (several when messages were collected)."""
+    preview_id: str | None = None
+    """A streamed preview of this reply (`PreviewChannel.send_preview`): `send` edits it into the
+    first chunk and sends the rest as new messages."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,3 +123,23 @@ class Channel(Protocol):
     async def stop(self) -> None: ...
 
     async def send(self, message: OutboundMessage) -> None: ...
+
+
+@runtime_checkable
+class PreviewChannel(Protocol):
+    """Optional: a channel that can show a reply while it is written, by editing one message.
+
+    Both take plain text (no Markdown rendering: a half-written reply must never make an edit
+    fail); the finished reply goes through `Channel.send` with `OutboundMessage.preview_id`.
+    """
+
+    async def send_preview(self, message: OutboundMessage) -> str:
+        """Send `message.text` as plain text (a reply to `message.reply_to`, in its thread);
+        return the platform message id."""
+        ...
+
+    async def edit(
+        self, chat_id: str, message_id: str, text: str, thread_id: str | None = None
+    ) -> None:
+        """Replace the text of an earlier message with plain `text`."""
+        ...

@@ -32,6 +32,13 @@ is retried by discord.py itself (it sleeps ``retry_after``); should it give up (
 of times. DM channels seen inbound are remembered (discord.py does not cache them), so a reply to
 a DM needs no extra ``GET /channels/{id}``.
 
+Streamed previews (``stream_preview``): `send_preview` sends the text as the reply (Discord
+renders Markdown itself and shows an unclosed marker as typed, so no escaping is needed) and
+`edit` is ``PartialMessage.edit`` (``PATCH /channels/{id}/messages/{mid}``); both go through
+discord.py's rate limiter and the same bounded retry as `send`. A reply with ``preview_id``
+edits the preview into its first chunk; a preview that cannot be edited (deleted) is logged and
+that chunk is sent as a new message.
+
 Malformed dispatches: discord.py's parsers raise on some (a MESSAGE_CREATE without ``author``
 kills ``Client.start`` outright), so every parser but READY's is wrapped to log and skip the
 event; ``content: null`` and unknown channels are normalized as usual; a message that still
@@ -48,8 +55,10 @@ import contextlib
 import logging
 import re
 from collections import OrderedDict
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
+import aiohttp
 import discord
 import discord.gateway
 import discord.http
@@ -62,7 +71,7 @@ from channels.base import (
     InboundMessage,
     OutboundMessage,
 )
-from channels.formatting import DISCORD_LIMIT, DISCORD_MAX_LINES, chunk_text
+from channels.formatting import DISCORD_LIMIT, DISCORD_MAX_LINES, chunk_text, preview_tail
 from gateway.config import DiscordSettings
 
 log = logging.getLogger(__name__)
@@ -73,6 +82,7 @@ SEND_ATTEMPTS = 3
 """How often `send` tries one chunk when discord.py gives up on a 429."""
 MAX_RETRY_WAIT = 30.0
 DM_CACHE_SIZE = 1024
+_T = TypeVar("_T")
 
 _MASS_MENTION = re.compile(r"@(everyone|here)\b")
 
@@ -352,38 +362,99 @@ class DiscordChannel:
         return channel
 
     async def send(self, message: OutboundMessage) -> None:
-        """Send the reply in chunks (2,000 characters, 17 lines); the first one as a reply."""
+        """Send the reply in chunks (2,000 characters, 17 lines); the first one as a reply.
+
+        With `preview_id` the streamed preview is edited into the first chunk instead; if it
+        cannot be edited any more, that chunk is sent as a new message."""
         chunks = chunk_text(
             defuse_mass_mentions(message.text), DISCORD_LIMIT, max_lines=DISCORD_MAX_LINES
         )
         if not chunks:
             return
         channel = await self._messageable(message.chat_id, message.thread_id)
-        reply_to = message.reply_to or (message.answers[-1] if message.answers else None)
-        reference: discord.MessageReference | None = None
-        if reply_to is not None and reply_to.isdigit():
-            channel_id = getattr(channel, "id", None) or int(message.thread_id or message.chat_id)
-            reference = discord.MessageReference(
-                message_id=int(reply_to), channel_id=channel_id, fail_if_not_exists=False
-            )
+        reference = self._reference(message, channel)
         for index, chunk in enumerate(chunks):
+            if index == 0 and message.preview_id is not None:
+                if await self._edit_preview(channel, message.preview_id, chunk):
+                    continue
             await self._send_chunk(channel, chunk, reference if index == 0 else None)
+
+    async def send_preview(self, message: OutboundMessage) -> str:
+        """The streamed preview, sent as a reply like the first chunk. Its text is not escaped:
+        Discord renders Markdown itself and shows an unclosed marker as typed."""
+        channel = await self._messageable(message.chat_id, message.thread_id)
+        sent = await self._send_chunk(
+            channel, _fit(message.text), self._reference(message, channel)
+        )
+        return str(sent.id)
+
+    async def edit(
+        self, chat_id: str, message_id: str, text: str, thread_id: str | None = None
+    ) -> None:
+        """Replace a message's text (``PATCH /channels/{id}/messages/{mid}``)."""
+        channel = await self._messageable(chat_id, thread_id)
+        await self._edit(channel, message_id, _fit(text))
+
+    def _reference(
+        self, message: OutboundMessage, channel: discord.abc.Messageable
+    ) -> discord.MessageReference | None:
+        reply_to = message.reply_to or (message.answers[-1] if message.answers else None)
+        if reply_to is None or not reply_to.isdigit():
+            return None
+        channel_id = getattr(channel, "id", None) or int(message.thread_id or message.chat_id)
+        return discord.MessageReference(
+            message_id=int(reply_to), channel_id=channel_id, fail_if_not_exists=False
+        )
+
+    async def _edit_preview(
+        self, channel: discord.abc.Messageable, message_id: str, chunk: str
+    ) -> bool:
+        """Edit the preview into the first chunk; False (logged) when it cannot be edited."""
+        try:
+            await self._edit(channel, message_id, chunk)
+        except (discord.DiscordException, aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.warning(
+                "discord: could not edit preview %s in %s (%s); sending the reply instead",
+                message_id,
+                getattr(channel, "id", "?"),
+                exc,
+            )
+            return False
+        return True
+
+    async def _edit(self, channel: discord.abc.Messageable, message_id: str, text: str) -> None:
+        partial = getattr(channel, "get_partial_message", None)
+        if partial is None:
+            raise ValueError(f"discord: cannot edit messages in {type(channel).__name__}")
+        target: discord.PartialMessage = partial(int(message_id))
+        await self._rate_limited(
+            channel,
+            lambda: target.edit(content=text, allowed_mentions=discord.AllowedMentions.none()),
+        )
 
     async def _send_chunk(
         self,
         channel: discord.abc.Messageable,
         chunk: str,
         reference: discord.MessageReference | None,
-    ) -> None:
-        """One ``channel.send``; a 429 that discord.py gave up on is retried (bounded)."""
+    ) -> discord.Message:
+        return await self._rate_limited(
+            channel,
+            lambda: channel.send(
+                chunk,
+                reference=reference,  # type: ignore[arg-type]
+                allowed_mentions=discord.AllowedMentions.none(),
+            ),
+        )
+
+    async def _rate_limited(
+        self, channel: discord.abc.Messageable, call: Callable[[], Awaitable[_T]]
+    ) -> _T:
+        """One REST call; discord.py waits out 429s itself, and one it gave up on is retried
+        here (bounded)."""
         for attempt in range(1, SEND_ATTEMPTS + 1):
             try:
-                await channel.send(
-                    chunk,
-                    reference=reference,  # type: ignore[arg-type]
-                    allowed_mentions=discord.AllowedMentions.none(),
-                )
-                return
+                return await call()
             except discord.RateLimited as exc:
                 if attempt == SEND_ATTEMPTS or exc.retry_after > MAX_RETRY_WAIT:
                     raise
@@ -393,12 +464,13 @@ class DiscordChannel:
                     raise
                 wait = _retry_after(exc)
             log.warning(
-                "discord: rate limited sending to %s; retry %d in %.2fs",
+                "discord: rate limited in %s; retry %d in %.2fs",
                 getattr(channel, "id", "?"),
                 attempt,
                 wait,
             )
             await asyncio.sleep(wait)
+        raise AssertionError("unreachable")
 
     async def typing(self, chat_id: str, thread_id: str | None = None) -> None:
         """Show "typing…" once (Discord shows it for about ten seconds)."""
@@ -438,6 +510,11 @@ def _retry_after(exc: discord.HTTPException) -> float:
         except ValueError:
             continue
     return 1.0
+
+
+def _fit(text: str) -> str:
+    """Preview text as one message: mass mentions defused, at most 2,000 characters."""
+    return preview_tail(defuse_mass_mentions(text), DISCORD_LIMIT)
 
 
 def _strip_mentions(text: str, bot_id: int, role_id: int | None) -> str:

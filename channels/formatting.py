@@ -96,3 +96,20 @@ def chunk_text(text: str, limit: int, max_lines: int | None = None) -> list[str]
         open_fence = fence if rest else None
         rest = rest.lstrip("\n") if not open_fence else rest
     return chunks
+
+
+ELLIPSIS = "…"
+
+
+def preview_tail(text: str, limit: int) -> str:
+    """A streamed preview that fits one message: the text, or "…" and its last characters once
+    it outgrows `limit` (the newest words are the ones worth showing while a reply is written;
+    the finished reply is chunked properly)."""
+    text = text.strip()
+    if len(text) <= limit:
+        return text
+    tail = text[len(text) - (limit - len(ELLIPSIS)) :]
+    space = tail.find(" ")
+    if 0 <= space < len(tail) // 4:  # start at a word when one starts soon enough
+        tail = tail[space + 1 :]
+    return ELLIPSIS + tail

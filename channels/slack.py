@@ -55,6 +55,12 @@ control sequence (``<!channel>``) even inside backticks and unescapes entities i
 converted chunk over the limit is re-chunked from its Markdown with a smaller budget. One
 ``chat.postMessage`` per chunk, with ``thread_ts = thread_id``.
 
+Streamed previews (``stream_preview``): `send_preview` posts the raw text (escaped, not converted:
+previews are plain text on every platform, so a half-written Markdown construct shows as typed)
+and keeps its ``ts``; `edit` is ``chat.update``. A reply with ``preview_id`` updates the preview into its
+first mrkdwn chunk and posts the rest; if Slack refuses the update (message deleted, edit window
+closed) the first chunk is posted as a new message.
+
 Rate limits: the Web client carries slack-sdk's ``AsyncRateLimitErrorRetryHandler``, so a 429 is
 retried after its ``Retry-After`` (at most ``RATE_LIMIT_RETRIES`` times) before raising.
 """
@@ -68,12 +74,13 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from aiohttp import web
+from aiohttp import ClientError, web
 from markdown_it import MarkdownIt
 from markdown_it.tree import SyntaxTreeNode
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
+from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.http_retry.builtin_async_handlers import (
     AsyncConnectionErrorRetryHandler,
     AsyncRateLimitErrorRetryHandler,
@@ -365,10 +372,41 @@ class SlackChannel:
     # -- outbound ---------------------------------------------------------------------------
 
     async def send(self, message: OutboundMessage) -> None:
-        for chunk in slack_chunks(message.text, SLACK_LIMIT):
+        for index, chunk in enumerate(slack_chunks(message.text, SLACK_LIMIT)):
+            if index == 0 and message.preview_id is not None:
+                if await self._edit_preview(message.chat_id, message.preview_id, chunk):
+                    continue
             await self.client.chat_postMessage(
                 channel=message.chat_id, text=chunk, thread_ts=message.thread_id
             )
+
+    async def send_preview(self, message: OutboundMessage) -> str:
+        """The streamed preview: the raw text (escaped, not converted), in the reply's thread."""
+        response = await self.client.chat_postMessage(
+            channel=message.chat_id, text=_escape(message.text), thread_ts=message.thread_id
+        )
+        return str(response["ts"])
+
+    async def edit(
+        self, chat_id: str, message_id: str, text: str, thread_id: str | None = None
+    ) -> None:
+        """Replace a message's text with raw `text` (``chat.update``; escaped, not converted)."""
+        await self.client.chat_update(channel=chat_id, ts=message_id, text=_escape(text))
+
+    async def _edit_preview(self, chat_id: str, ts: str, chunk: str) -> bool:
+        """Edit the preview into the first mrkdwn chunk; False (logged) when Slack refuses."""
+        try:
+            await self.client.chat_update(channel=chat_id, ts=ts, text=chunk)
+        except (SlackClientError, ClientError, TimeoutError) as exc:
+            # Posting is what never loses the reply; a duplicate beats a missing answer.
+            log.warning(
+                "slack: could not edit preview %s in %s (%s); sending the reply instead",
+                ts,
+                chat_id,
+                exc.response.get("error") if isinstance(exc, SlackApiError) else exc,
+            )
+            return False
+        return True
 
     # -- inbound ----------------------------------------------------------------------------
 

@@ -30,6 +30,12 @@ everything else escaped) and sends it with ``parse_mode="HTML"``. A chunk whose 
 as plain text. A 429 (PTB's `RetryAfter`) is waited out — ``retry_after``, capped at
 `max_retry_wait` — up to `send_attempts` tries per chunk, so nothing is silently dropped.
 
+Streamed previews (``stream_preview``): `send_preview` sends plain text (no parse mode, so a
+half-written reply never fails to parse) and `edit` is ``editMessageText``; both wait out 429s
+the same way, and "message is not modified" counts as done. A reply with ``preview_id`` edits
+the preview into its first HTML chunk; a preview that cannot be edited (deleted, too old) is
+logged and that chunk is sent as a new message instead.
+
 Malformed input: a webhook body that is JSON but no readable update is logged and acknowledged
 (200, so Telegram stops redelivering it); in polling, `_TolerantBot` replaces an unreadable
 update in a ``getUpdates`` batch by a bare ``update_id`` so it is confirmed and skipped instead
@@ -50,7 +56,8 @@ import html
 import json
 import logging
 import re
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from aiohttp import web
 from markdown_it import MarkdownIt
@@ -84,6 +91,7 @@ SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 ALLOWED_UPDATES = [Update.MESSAGE]
 
 TelegramApp = Application[Any, Any, Any, Any, Any, Any]
+_T = TypeVar("_T")
 
 
 class _Redeliver(TelegramError):
@@ -373,6 +381,23 @@ def _html_chunks(markdown: str) -> list[tuple[str, str]]:
     return [pair for piece in pieces for pair in _html_chunks(piece)]
 
 
+async def _put_html(
+    put: Callable[[str, str | None], Awaitable[None]], markdown: str, rendered: str
+) -> None:
+    """Send or edit one chunk as HTML; as plain text when it renders to nothing or Telegram
+    cannot parse the HTML ("can't parse entities")."""
+    if not rendered:
+        await put(markdown, None)
+        return
+    try:
+        await put(rendered, ParseMode.HTML)
+    except BadRequest as exc:
+        if "can't parse entities" not in exc.message.lower():
+            raise
+        log.warning("telegram: HTML refused (%s); sending the chunk as plain text", exc)
+        await put(markdown, None)
+
+
 def _retry_seconds(exc: RetryAfter) -> float:
     delay = getattr(exc, "_retry_after", None)  # a timedelta; the public property may warn
     if isinstance(delay, dtm.timedelta):
@@ -575,27 +600,65 @@ class TelegramChannel:
         The Markdown is chunked first (so no tag spans two messages), then each chunk is
         converted; a chunk whose HTML outgrows 4,096 characters is split further. A chunk
         Telegram cannot parse is sent again as plain text; 429s are waited out (`send_attempts`).
+        With `preview_id` the streamed preview becomes the first chunk (edited in place); if it
+        cannot be edited any more, that chunk is sent as a new message.
         """
         thread = int(message.thread_id) if message.thread_id else None
         reply_to = int(message.reply_to) if message.reply_to else None
+        preview = int(message.preview_id) if message.preview_id else None
         for chunk in chunk_text(message.text, TELEGRAM_LIMIT):
             for markdown, rendered in _html_chunks(chunk):
+                if preview is not None:
+                    edited = await self._edit_chunk(message.chat_id, preview, markdown, rendered)
+                    preview = None
+                    if edited:
+                        reply_to = None
+                        continue
                 await self._send_chunk(message.chat_id, markdown, rendered, thread, reply_to)
                 reply_to = None  # only the first chunk is a reply
+
+    async def send_preview(self, message: OutboundMessage) -> str:
+        """The streamed preview: plain text (no parse mode), a reply like the first chunk."""
+        sent = await self._send_retrying(
+            message.chat_id,
+            message.text,
+            None,
+            int(message.thread_id) if message.thread_id else None,
+            int(message.reply_to) if message.reply_to else None,
+        )
+        return str(sent.message_id)
+
+    async def edit(
+        self, chat_id: str, message_id: str, text: str, thread_id: str | None = None
+    ) -> None:
+        """Replace a message's text with plain `text` (``editMessageText``, no parse mode)."""
+        await self._edit_retrying(chat_id, int(message_id), text, None)
 
     async def _send_chunk(
         self, chat_id: str, markdown: str, rendered: str, thread: int | None, reply_to: int | None
     ) -> None:
-        if not rendered:
-            await self._send_retrying(chat_id, markdown, None, thread, reply_to)
-            return
+        async def put(text: str, parse_mode: str | None) -> None:
+            await self._send_retrying(chat_id, text, parse_mode, thread, reply_to)
+
+        await _put_html(put, markdown, rendered)
+
+    async def _edit_chunk(self, chat_id: str, message_id: int, markdown: str, rendered: str) -> bool:
+        """Edit the preview into a formatted chunk; False (logged) when it cannot be edited."""
+
+        async def put(text: str, parse_mode: str | None) -> None:
+            await self._edit_retrying(chat_id, message_id, text, parse_mode)
+
         try:
-            await self._send_retrying(chat_id, rendered, ParseMode.HTML, thread, reply_to)
-        except BadRequest as exc:
-            if "can't parse entities" not in exc.message.lower():
-                raise
-            log.warning("telegram: HTML refused (%s); sending the chunk as plain text", exc)
-            await self._send_retrying(chat_id, markdown, None, thread, reply_to)
+            await _put_html(put, markdown, rendered)
+        except TelegramError as exc:
+            log.warning(
+                "telegram: could not edit preview %s in chat %s (%s); sending the reply instead",
+                message_id,
+                chat_id,
+                exc,
+            )
+            return False
+        return True
 
     async def _send_retrying(
         self,
@@ -604,19 +667,49 @@ class TelegramChannel:
         parse_mode: str | None,
         thread: int | None,
         reply_to: int | None,
-    ) -> None:
+    ) -> Message:
         """One ``sendMessage``: flood control (429) is waited out, a vanished reply target dropped."""
+
+        async def send(reply_to: int | None) -> Message:
+            return await self.bot.send_message(
+                chat_id,
+                text,
+                parse_mode=parse_mode,
+                message_thread_id=thread,
+                reply_to_message_id=reply_to,
+            )
+
+        try:
+            return await self._flood_controlled(chat_id, lambda: send(reply_to))
+        except BadRequest as exc:
+            if reply_to is None or not _reply_target_gone(exc):
+                raise
+            log.info("telegram: reply target %s is gone; sending without it", reply_to)
+            return await self._flood_controlled(chat_id, lambda: send(None))
+
+    async def _edit_retrying(
+        self, chat_id: str, message_id: int, text: str, parse_mode: str | None
+    ) -> None:
+        """One ``editMessageText``: flood control waited out; "message is not modified" (the
+        same text again) is success."""
+        try:
+            await self._flood_controlled(
+                chat_id,
+                lambda: self.bot.edit_message_text(
+                    text, chat_id=chat_id, message_id=message_id, parse_mode=parse_mode
+                ),
+            )
+        except BadRequest as exc:
+            if "message is not modified" not in exc.message.lower():
+                raise
+
+    async def _flood_controlled(self, chat_id: str, call: Callable[[], Awaitable[_T]]) -> _T:
+        """Run one Bot API call; a 429 (`RetryAfter`) is waited out — ``retry_after``, capped at
+        `max_retry_wait` — up to `send_attempts` tries."""
         rate_limited = 0
         while True:
             try:
-                await self.bot.send_message(
-                    chat_id,
-                    text,
-                    parse_mode=parse_mode,
-                    message_thread_id=thread,
-                    reply_to_message_id=reply_to,
-                )
-                return
+                return await call()
             except RetryAfter as exc:
                 rate_limited += 1
                 if rate_limited >= self.send_attempts:
@@ -624,11 +717,6 @@ class TelegramChannel:
                 delay = min(_retry_seconds(exc), self.max_retry_wait)
                 log.warning("telegram: rate limited in chat %s; retrying in %.1fs", chat_id, delay)
                 await asyncio.sleep(delay)
-            except BadRequest as exc:
-                if reply_to is None or not _reply_target_gone(exc):
-                    raise
-                log.info("telegram: reply target %s is gone; sending without it", reply_to)
-                reply_to = None
 
     async def typing(self, chat_id: str, thread_id: str | None) -> None:
         await self.bot.send_chat_action(

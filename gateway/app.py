@@ -22,6 +22,7 @@ from gateway.scheduler import Scheduler
 from gateway.sessions import SessionKeyer
 from gateway.store import SessionInfo, Store
 from gateway.store.db import CONTEXT_STATUS
+from gateway.streaming import Previews
 from gateway.summarizer import make_summary_call, summary_provider
 from gateway.text import clean_text
 from gateway.tools import ToolRegistry, default_registry
@@ -75,6 +76,7 @@ class Gateway:
                     self.tools.register(tool)
         self.access = AccessPolicy(config, self.store)
         self.runner.typing = self.typing
+        self.runner.previews = Previews(config.channels, self.channels, config.llm.stream)
         if config.memory.archive_transcripts:
             self.runner.archive = self._archive_transcript
         self._started = False

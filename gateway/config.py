@@ -136,6 +136,16 @@ class ChannelSection(_Strict):
     group_allowlist: list[str] = Field(default_factory=list)
     require_mention: bool = True
     group_buffer: int = Field(default=50, ge=0)
+    # Streaming by editing a preview message (channels that can edit: Telegram, Slack, Discord).
+    stream_preview: bool = Field(
+        default=False, description="show the reply as it is written, in one edited message"
+    )
+    stream_edit_interval_ms: int = Field(
+        default=1000, ge=250, description="at most one preview edit per interval (rate limits)"
+    )
+    stream_min_chars: int = Field(
+        default=40, ge=1, description="no preview until the reply is this long"
+    )
 
 
 class ConsoleSettings(ChannelSection):

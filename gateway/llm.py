@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,10 +122,15 @@ class LLMProvider:
         *,
         stream: bool | None = None,
         model: str | None = None,
+        on_text: Callable[[str], None] | None = None,
     ) -> Completion:
+        """One model call. ``on_text`` gets the reply so far (the accumulated text, not the
+        delta) as it streams; passing it streams the call even when ``[llm] stream`` is off, since
+        a preview is what asked for it. It must not block: it runs between two chunks."""
         if self._client is None:
             raise LLMError(NOT_CONFIGURED, kind="not_configured")
         stream = self.settings.stream if stream is None else stream
+        stream = stream or on_text is not None
         kwargs: dict[str, Any] = {
             "model": model or self.model,
             "messages": [m.to_openai() for m in messages],
@@ -140,7 +145,7 @@ class LLMProvider:
         for attempt in range(1, attempts + 1):
             try:
                 if stream:
-                    return await self._stream(kwargs)
+                    return await self._stream(kwargs, on_text)
                 return await self._plain(kwargs)
             except _StreamStalledError as exc:
                 log.warning("LLM stream stalled (attempt %d/%d)", attempt, attempts)
@@ -227,7 +232,9 @@ class LLMProvider:
             finish_reason=choice.finish_reason,
         )
 
-    async def _stream(self, kwargs: dict[str, Any]) -> Completion:
+    async def _stream(
+        self, kwargs: dict[str, Any], on_text: Callable[[str], None] | None = None
+    ) -> Completion:
         assert self._client is not None
         stream = await self._client.post(
             "/chat/completions",
@@ -238,6 +245,7 @@ class LLMProvider:
             stream_cls=AsyncStream[ChatCompletionChunk],
         )
         text: list[str] = []
+        so_far = ""
         calls: dict[int, dict[str, str]] = {}
         usage = Usage()
         finish: str | None = None
@@ -258,6 +266,9 @@ class LLMProvider:
                     delta = choice.delta
                     if delta.content:
                         text.append(delta.content)
+                        if on_text is not None:
+                            so_far += delta.content
+                            on_text = _tell(on_text, so_far)
                     for tc in delta.tool_calls or ():
                         slot = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
                         if tc.id:
@@ -279,6 +290,16 @@ class LLMProvider:
             usage=usage,
             finish_reason=finish,
         )
+
+
+def _tell(on_text: Callable[[str], None], text: str) -> Callable[[str], None] | None:
+    """Pass the text so far to a listener; one that raises is dropped (logged), never the call."""
+    try:
+        on_text(text)
+    except Exception:
+        log.exception("a streamed-text listener failed; the reply continues without it")
+        return None
+    return on_text
 
 
 def _is_context_overflow(exc: openai.BadRequestError) -> bool:

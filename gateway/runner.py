@@ -36,6 +36,7 @@ from gateway.context_setup import ContextResolver, Conversation
 from gateway.llm import ContextOverflowError, LLMError, LLMProvider
 from gateway.memory_tools import MemoryFlush
 from gateway.store import CompactionRow, MessageRow, SessionRow, Store, TurnUsage, row_to_message
+from gateway.streaming import PreviewStream
 from gateway.tools import ToolContext, ToolRegistry
 from memory.agents_md import AgentsFile
 
@@ -113,6 +114,8 @@ class Runner:
         self.flush = flush
         self.typing: Typing | None = None
         self.archive: Archive | None = None
+        self.previews: Callable[[OutboundMessage], PreviewStream | None] | None = None
+        """Opens a streamed preview for a reply, when its channel has one (gateway/streaming.py)."""
         self.agents = AgentsFile(config.workspace / "AGENTS.md")
         self.on_turn: Callable[[TurnStats], None] | None = None
         self.last_plan: dict[str, ContextPlan] = {}
@@ -133,13 +136,24 @@ class Runner:
         stats = TurnStats(session_key, len(claimed))
         status: str | None = None
         last = claimed[-1]
+        outbound = OutboundMessage(
+            platform=last.platform or session.platform,
+            chat_id=last.chat_id or session.chat_id,
+            thread_id=session.thread_id,
+            text="",
+            session_key=session_key,
+            reply_to=last.platform_message_id,
+            answers=tuple(r.platform_message_id for r in claimed if r.platform_message_id),
+        )
+        preview = self.previews(outbound) if self.previews is not None else None
         typing = asyncio.create_task(
-            self._keep_typing(last.platform or session.platform, last.chat_id or session.chat_id,
-                              session.thread_id)
+            self._keep_typing(outbound.platform, outbound.chat_id, outbound.thread_id)
         )
         try:
-            reply = await self._converse(session, claimed, stats)
+            reply = await self._converse(session, claimed, stats, preview)
         except asyncio.CancelledError:
+            if preview is not None:
+                preview.abort()
             await asyncio.shield(
                 self.store.mark_interrupted([r.id for r in claimed if r.id is not None])
             )
@@ -152,6 +166,8 @@ class Runner:
             status = ERROR_STATUS
         finally:
             typing.cancel()
+            if preview is not None:
+                preview.close()
         reply_message = Message(role="assistant", content=reply)
         reply_message = reply_message.with_tokens(
             self.resolver.counter.count_message(reply_message)
@@ -169,20 +185,15 @@ class Runner:
         stats.seconds = time.perf_counter() - started
         if self.on_turn is not None:
             self.on_turn(stats)
-        await self.deliver(
-            OutboundMessage(
-                platform=last.platform or session.platform,
-                chat_id=last.chat_id or session.chat_id,
-                thread_id=session.thread_id,
-                text=reply,
-                session_key=session_key,
-                reply_to=last.platform_message_id,
-                answers=tuple(r.platform_message_id for r in claimed if r.platform_message_id),
-            )
-        )
+        preview_id = await preview.finish() if preview is not None else None
+        await self.deliver(replace(outbound, text=reply, preview_id=preview_id))
 
     async def _converse(
-        self, session: SessionRow, claimed: list[MessageRow], stats: TurnStats
+        self,
+        session: SessionRow,
+        claimed: list[MessageRow],
+        stats: TurnStats,
+        preview: PreviewStream | None = None,
     ) -> str:
         assert session.id is not None
         session_key = session.key
@@ -196,11 +207,15 @@ class Runner:
             claimed = [r for r in claimed if r not in commands]
             if not claimed:
                 return notices[0]
-        text = await self._answer(session, claimed, stats)
+        text = await self._answer(session, claimed, stats, preview)
         return "\n\n".join([*notices, text])
 
     async def _answer(
-        self, session: SessionRow, claimed: list[MessageRow], stats: TurnStats
+        self,
+        session: SessionRow,
+        claimed: list[MessageRow],
+        stats: TurnStats,
+        preview: PreviewStream | None = None,
     ) -> str:
         assert session.id is not None
         session_key = session.key
@@ -248,7 +263,9 @@ class Runner:
                 raise TurnRefusedError(plan.error)
             self.last_plan[session_key] = plan
             try:
-                completion = await self.llm.complete(plan.messages, tool_specs)
+                completion = await self.llm.complete(
+                    plan.messages, tool_specs, on_text=preview.update if preview else None
+                )
                 if turn.refresh and view.summary is not None and view.summary.id is not None:
                     await self.store.mark_refreshed(view.summary.id)
                     view.summary.refreshed = True

@@ -5,7 +5,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from channels.formatting import DISCORD_LIMIT, chunk_text
+from channels.formatting import DISCORD_LIMIT, chunk_text, preview_tail
 
 
 def test_short_text_is_one_chunk() -> None:
@@ -72,3 +72,14 @@ def test_sentence_and_line_limits() -> None:
     code = "```\n" + "\n".join(f"x{i}" for i in range(40)) + "\n```"
     for chunk in chunk_text(code, 2_000, max_lines=17):
         assert chunk.count("\n") + 1 <= 17 and chunk.count("```") % 2 == 0
+
+
+def test_preview_tail_keeps_short_text_and_shows_the_end_of_long_text() -> None:
+    assert preview_tail("  short reply \n", 100) == "short reply"
+    text = " ".join(f"word{i}" for i in range(100))
+    tail = preview_tail(text, 60)
+    assert len(tail) <= 60
+    assert tail.startswith("…word")  # starts at a word
+    assert text.endswith(tail[1:])
+    unbroken = "x" * 500
+    assert preview_tail(unbroken, 60) == "…" + "x" * 59

@@ -20,6 +20,10 @@ REST (paths are recorded relative to the API root, without ``/api/v10``):
   created; 404 ``Unknown Channel`` otherwise;
 - ``POST /channels/{id}/messages`` answers a message authored by the bot;
   ``POST /channels/{id}/typing`` answers 204.
+- ``PATCH /channels/{id}/messages/{mid}`` edits a message the bot sent there (``messages`` holds
+  each as it is now); an unknown one, or one removed with ``delete_message``, answers 404
+  ``Unknown Message`` (code 10008). ``fake.rate_limit_next_edit(...)`` makes the next edit(s)
+  answer 429 like ``rate_limit_next_post``.
 - ``fake.rate_limit_next_post(times=1, retry_after=0.05)`` makes the next ``times``
   ``POST /channels/{id}/messages`` answer 429 the way Discord does (body ``{"message": "You are
   being rate limited.", "retry_after": ..., "global": false}``, ``X-RateLimit-*`` and
@@ -137,6 +141,8 @@ class FakeDiscord(LoopbackServer):
         self.calls: list[RecordedCall] = []
         self.sent_messages: list[JSON] = []
         """Payloads of the messages the fake answered ``POST /channels/{id}/messages`` with."""
+        self.messages: dict[str, JSON] = {}
+        """Message id -> each message the bot sent, as it is now (edits applied)."""
         self.identifies: list[JSON] = []
         self.gateway_frames: list[JSON] = []
         """Every frame the client sent on the gateway (heartbeats included)."""
@@ -145,6 +151,7 @@ class FakeDiscord(LoopbackServer):
         self.listeners: list[Callable[[RecordedCall], None]] = []
         """Called with each REST call (after it is answered and recorded)."""
         self._rate_limits: list[tuple[float, bool, bool]] = []
+        self._edit_rate_limits: list[tuple[float, bool, bool]] = []
 
         self._cond = asyncio.Condition()
         self._outbox: asyncio.Queue[tuple[str, JSON]] = asyncio.Queue()
@@ -195,14 +202,20 @@ class FakeDiscord(LoopbackServer):
         path_prefix: str,
         n: int = 1,
         timeout: float = 5.0,  # noqa: ASYNC109
+        where: Callable[[RecordedCall], bool] | None = None,
     ) -> list[RecordedCall]:
-        """Wait until ``n`` calls matching ``method`` and ``path_prefix`` arrived; return them all."""
+        """Wait until ``n`` calls matching ``method``, ``path_prefix`` (and ``where``) arrived;
+        return them all."""
+
+        def matching() -> list[RecordedCall]:
+            return [c for c in self.calls_to(method, path_prefix) if where is None or where(c)]
+
         await self._wait(
-            lambda: len(self.calls_to(method, path_prefix)) >= n,
+            lambda: len(matching()) >= n,
             timeout,
-            f"{n} {method} {path_prefix} call(s) (got {len(self.calls_to(method, path_prefix))})",
+            f"{n} {method} {path_prefix} call(s) (got {len(matching())})",
         )
-        return self.calls_to(method, path_prefix)
+        return matching()
 
     async def wait_for_disconnect(self, timeout: float = 5.0) -> None:  # noqa: ASYNC109
         """Wait until no gateway websocket is open."""
@@ -504,6 +517,21 @@ class FakeDiscord(LoopbackServer):
         """Answer the next ``times`` ``POST /channels/{id}/messages`` with a 429."""
         self._rate_limits.extend([(retry_after, global_, via)] * times)
 
+    def rate_limit_next_edit(
+        self,
+        times: int = 1,
+        *,
+        retry_after: float = 0.05,
+        global_: bool = False,
+        via: bool = True,
+    ) -> None:
+        """Answer the next ``times`` ``PATCH /channels/{id}/messages/{mid}`` with a 429."""
+        self._edit_rate_limits.extend([(retry_after, global_, via)] * times)
+
+    def delete_message(self, message_id: str) -> None:
+        """Someone deleted a message the bot sent: editing it answers 404 Unknown Message."""
+        self.messages.pop(message_id, None)
+
     def _rate_limited(self, retry_after: float, global_: bool, via: bool) -> web.Response:
         headers = {
             "Content-Type": "application/json",
@@ -585,7 +613,18 @@ class FakeDiscord(LoopbackServer):
                     sent["message_reference"] = {**ref, "type": 0}
                     sent["type"] = 19
                 self.sent_messages.append(sent)
+                self.messages[sent["id"]] = sent
                 return _json(sent)
+            if method == "PATCH" and parts[2:3] == ["messages"] and len(parts) == 4:
+                if self._edit_rate_limits:
+                    return self._rate_limited(*self._edit_rate_limits.pop(0))
+                edited = self.messages.get(parts[3])
+                if edited is None or edited["channel_id"] != channel_id:
+                    return _json({"message": "Unknown Message", "code": 10008}, 404)
+                if isinstance(call.json, dict) and "content" in call.json:
+                    edited["content"] = call.json["content"] or ""
+                edited["edited_timestamp"] = _now_iso()
+                return _json(edited)
         return _json({"message": "404: Not Found", "code": 0}, 404)
 
     def _channel(self, channel_id: str) -> JSON | None:

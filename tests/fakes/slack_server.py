@@ -10,8 +10,10 @@ The fake runs a real aiohttp server on ``127.0.0.1`` with a random port::
         [call] = await fake.wait_for_call("chat.postMessage")
 
 Web API: ``POST /api/<method>`` with a form, JSON or empty body. Every call is recorded in
-``calls`` (method, params, token) and can be waited on with ``wait_for_call``. Built-in answers:
-``auth.test``, ``chat.postMessage``, ``chat.update``, ``apps.connections.open`` (returns
+``calls`` (method, params, token, ``at`` = ``time.perf_counter()`` on arrival) and can be waited
+on with ``wait_for_call``. Built-in answers: ``auth.test``, ``chat.postMessage``, ``chat.update``
+(of a message posted earlier: ``message_not_found`` otherwise, or after ``delete_message``;
+``messages`` holds every posted message as it is now), ``apps.connections.open`` (returns
 ``ws://127.0.0.1:P/link``); anything else answers ``{"ok": true}``. ``fail(method, error)``
 makes the next call(s) of a method answer ``{"ok": false, "error": ...}``;
 ``rate_limit(method, retry_after=0)`` makes the next call(s) answer HTTP 429 with a
@@ -335,6 +337,7 @@ class ApiCall:
     token: str | None
     headers: dict[str, str] = field(default_factory=dict)
     status: int = 200
+    at: float = field(default_factory=time.perf_counter)
 
 
 class FakeSlack(LoopbackServer):
@@ -358,6 +361,8 @@ class FakeSlack(LoopbackServer):
         self.sent: list[JSON] = []
         """Every envelope the fake sent over the WebSocket (``hello`` included)."""
         self.connections = 0
+        self.messages: dict[tuple[str, str], JSON] = {}
+        """(channel, ts) -> every message posted through the Web API, as it is now."""
         self._failures: dict[str, list[str]] = {}
         self._rate_limits: dict[str, list[int]] = {}
         self.on_call: Callable[[ApiCall], None] | None = None
@@ -400,6 +405,10 @@ class FakeSlack(LoopbackServer):
         """Make the next ``times`` calls of ``method`` answer 429 with ``Retry-After``."""
         self._rate_limits.setdefault(method, []).extend([retry_after] * times)
 
+    def delete_message(self, channel: str, ts: str) -> None:
+        """Someone deleted a posted message: ``chat.update`` of it answers ``message_not_found``."""
+        self.messages.pop((channel, ts), None)
+
     def push_envelope(self, envelope: JSON) -> str:
         """Queue an envelope for the (current or next) Socket Mode connection."""
         self._outbox.put_nowait(envelope)
@@ -422,14 +431,25 @@ class FakeSlack(LoopbackServer):
         except TimeoutError:
             raise TimeoutError(f"timed out after {timeout}s waiting for {what}") from None
 
-    async def wait_for_call(self, method: str, n: int = 1, timeout: float = 5.0) -> list[JSON]:  # noqa: ASYNC109
-        """Wait until ``method`` was called at least ``n`` times; return the first ``n`` params."""
+    async def wait_for_call(
+        self,
+        method: str,
+        n: int = 1,
+        timeout: float = 5.0,  # noqa: ASYNC109
+        where: Callable[[JSON], bool] | None = None,
+    ) -> list[JSON]:
+        """Wait until ``method`` was called at least ``n`` times (with params matching ``where``);
+        return the first ``n`` such params."""
+
+        def matching() -> list[JSON]:
+            return [p for p in self.calls_to(method) if where is None or where(p)]
+
         await self._wait(
-            lambda: len(self.calls_to(method)) >= n,
+            lambda: len(matching()) >= n,
             timeout,
-            f"{n} {method} call(s) (got {len(self.calls_to(method))})",
+            f"{n} {method} call(s) (got {len(matching())})",
         )
-        return self.calls_to(method)[:n]
+        return matching()[:n]
 
     async def wait_for_ack(self, envelope_id: str, timeout: float = 5.0) -> JSON:  # noqa: ASYNC109
         """Wait for the client's ack of ``envelope_id``; return the ack message."""
@@ -496,20 +516,26 @@ class FakeSlack(LoopbackServer):
                 return {"ok": False, "error": "not_allowed_token_type"}
             return {"ok": True, "url": self.ws_url}
         if method in ("chat.postMessage", "chat.update"):
-            ts = params.get("ts") or f"{int(time.time())}.{next(self._ts):06d}"
-            return {
-                "ok": True,
-                "channel": params.get("channel"),
+            channel = str(params.get("channel"))
+            if method == "chat.update":
+                ts = str(params.get("ts"))
+                posted = self.messages.get((channel, ts))
+                if posted is None:
+                    return {"ok": False, "error": "message_not_found"}
+                thread_ts = posted.get("thread_ts")
+            else:
+                ts = f"{int(time.time())}.{next(self._ts):06d}"
+                thread_ts = params.get("thread_ts")
+            message: JSON = {
+                "type": "message",
+                "text": params.get("text"),
+                "user": self.bot_user_id,
+                "bot_id": self.bot_id,
                 "ts": ts,
-                "message": {
-                    "type": "message",
-                    "text": params.get("text"),
-                    "user": self.bot_user_id,
-                    "bot_id": self.bot_id,
-                    "ts": ts,
-                    **({"thread_ts": params["thread_ts"]} if params.get("thread_ts") else {}),
-                },
+                **({"thread_ts": thread_ts} if thread_ts else {}),
             }
+            self.messages[(channel, ts)] = message
+            return {"ok": True, "channel": channel, "ts": ts, "message": message}
         return {"ok": True}
 
     async def _handle_link(self, request: web.Request) -> web.WebSocketResponse:

@@ -6,8 +6,8 @@
         sent = await fake.wait_for_call("sendMessage")       # params decoded from PTB's form body
 
 Routes: ``POST|GET /bot<TOKEN>/<method>`` for getMe, getUpdates (a real long poll: it holds until
-an update is queued, ``timeout`` elapses or the server stops), sendMessage, sendChatAction,
-setWebhook, deleteWebhook, getWebhookInfo, close and logOut. A wrong token answers 401 and an
+an update is queued, ``timeout`` elapses or the server stops), sendMessage, editMessageText,
+sendChatAction, setWebhook, deleteWebhook, getWebhookInfo, close and logOut. A wrong token answers 401 and an
 unknown method 404, both in the Bot API's ``{"ok": false, ...}`` shape.
 
 PTB sends ``application/x-www-form-urlencoded`` bodies whose values are JSON (strings are sent
@@ -18,17 +18,25 @@ fake does not know (never queued/sent, or removed with ``forget_message``) answe
 entities escaped); a violation answers ``400 Bad Request: can't parse entities: ...``.
 ``rate_limit(method, retry_after)`` makes the next call(s) answer ``429`` with
 ``parameters.retry_after`` like Telegram's flood control.
+
+``editMessageText`` edits a message the bot sent (its current state is in ``bot_messages``):
+an unknown (or forgotten) message answers ``400 Bad Request: message to edit not found``, text
+that would look the same (same visible text, same HTML tags) ``400 Bad Request: message is not
+modified``, and HTML is checked as for sendMessage. Every call carries ``at`` (``time.perf_counter()`` on arrival), so
+a test can check how far apart edits came.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
 import itertools
 import json
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from typing import Any, TypeAlias
 
@@ -52,6 +60,7 @@ class Call:
 
     method: str
     params: JSON
+    at: float = field(default_factory=time.perf_counter)
 
 
 def _utf16_len(text: str) -> int:
@@ -111,6 +120,8 @@ class FakeTelegram(LoopbackServer):
         self._update_ids = itertools.count(1)
         self._message_ids: dict[int, itertools.count[int]] = {}
         self._known: set[tuple[int, int]] = set()
+        self.bot_messages: dict[tuple[int, int], JSON] = {}
+        """(chat id, message id) -> the bot's message as it is now (edits applied)."""
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -341,6 +352,7 @@ class FakeTelegram(LoopbackServer):
             "getMe": self._get_me,
             "getUpdates": self._get_updates,
             "sendMessage": self._send_message,
+            "editMessageText": self._edit_message_text,
             "sendChatAction": self._true,
             "setWebhook": self._set_webhook,
             "deleteWebhook": self._delete_webhook,
@@ -404,7 +416,31 @@ class FakeTelegram(LoopbackServer):
         }
         if params.get("message_thread_id") is not None:
             message["message_thread_id"] = int(params["message_thread_id"])
+        # What the chat shows now; parse_mode is kept for tests (it is no Message field).
+        self.bot_messages[(chat_id, message["message_id"])] = {
+            **message,
+            "parse_mode": params.get("parse_mode"),
+        }
         return _ok(message)
+
+    async def _edit_message_text(self, params: JSON) -> web.Response:
+        chat_id, message_id = int(params["chat_id"]), int(params["message_id"])
+        message = self.bot_messages.get((chat_id, message_id))
+        if message is None or (chat_id, message_id) not in self._known:
+            return _error(400, "Bad Request: message to edit not found")
+        text, parse_mode = params.get("text", ""), params.get("parse_mode")
+        if str(parse_mode or "").lower() == "html":
+            problem = html_problem(str(text))
+            if problem is not None:
+                return _error(400, f"Bad Request: can't parse entities: {problem}")
+        if _shown(text, parse_mode) == _shown(message["text"], message.get("parse_mode")):
+            return _error(
+                400,
+                "Bad Request: message is not modified: specified new message content and reply "
+                "markup are exactly the same as a current content and reply markup of the message",
+            )
+        message.update(text=text, parse_mode=parse_mode, edit_date=int(time.time()))
+        return _ok({k: v for k, v in message.items() if k != "parse_mode"})
 
     async def _set_webhook(self, params: JSON) -> web.Response:
         self.webhook = dict(params)
@@ -424,6 +460,14 @@ class FakeTelegram(LoopbackServer):
                 "pending_update_count": len(self.updates),
             }
         )
+
+
+def _shown(text: str, parse_mode: str | None) -> tuple[str, tuple[str, ...]]:
+    """What a chat shows for a text: its visible characters and its markup (HTML tags), which is
+    what Telegram compares to answer "message is not modified"."""
+    if str(parse_mode or "").lower() != "html":
+        return text, ()
+    return html.unescape(re.sub(r"<[^>]*>", "", text)), tuple(re.findall(r"</?[\w-]+", text))
 
 
 def _ok(result: Any) -> web.Response:

@@ -115,3 +115,13 @@ def test_shipped_template_is_valid(tmp_path: Path) -> None:
     config = load_config(cfg)
     assert config.channels.telegram.dm_history_limit == 50
     assert config.channels.webchat.enabled
+
+
+def test_stream_preview_keys_on_every_channel() -> None:
+    config = parse_config({"channels": {"telegram": {"stream_preview": True}}})
+    assert config.channels.telegram.stream_preview
+    assert config.channels.telegram.stream_edit_interval_ms == 1000
+    assert config.channels.telegram.stream_min_chars == 40
+    assert not config.channels.discord.stream_preview  # opt-in
+    with pytest.raises(ConfigError, match=r"channels.slack.stream_edit_interval_ms: .*250"):
+        parse_config({"channels": {"slack": {"stream_edit_interval_ms": 100}}})
