@@ -126,11 +126,8 @@ class Runner:
     # -- a turn -----------------------------------------------------------------------------
 
     async def run_turn(self, session_key: str) -> None:
-        session = await self.store.get_session(session_key)
-        if session is None or session.id is None:
-            return
-        claimed = await self.store.claim_pending(session.id, self._group_buffer(session))
-        if not claimed:
+        session, claimed = await self.store.claim_turn(session_key, self._group_buffer)
+        if session is None or session.id is None or not claimed:
             return
         started = time.perf_counter()
         stats = TurnStats(session_key, len(claimed))
@@ -434,13 +431,14 @@ class Runner:
 
     async def view(self, session_id: int) -> SessionView:
         """Latest summary + the stored messages after its range (only new rows are loaded)."""
-        summary = await self.store.latest_compaction(session_id)
-        after = summary.last_seq if summary else 0
         cached = self._histories.pop(session_id, None)
+        known = None
+        if cached is not None:
+            last = cached.messages[-1].seq if cached.messages else None
+            known = (cached.after_seq, last or cached.after_seq)
+        summary, after, fresh = await self.store.summary_and_history(session_id, known)
         if cached is None or cached.after_seq != after:
             cached = _Cached(after, [])
-        last_seq = cached.messages[-1].seq or after if cached.messages else after
-        fresh = await self.store.history(session_id, after_seq=last_seq)
         cached.messages.extend(m for m in fresh if m.meta.get("status") not in HIDDEN_STATUSES)
         self._histories[session_id] = cached  # re-inserted last: most recently used
         while len(self._histories) > self.history_cache_sessions:

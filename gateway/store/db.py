@@ -390,24 +390,39 @@ class Store:
         the conversation.
         """
 
-        def op(cursor: Any) -> list[MessageRow]:
-            rows = self._hot.unhandled(cursor, session_id)
-            unplaced = [r for r in rows if r.seq is None]
-            context = [r for r in unplaced if r.status == CONTEXT_STATUS]
-            if context_limit is not None and len(context) > context_limit:
-                expired = context[: len(context) - context_limit]
-                self._hot.mark_handled(cursor, (r.id for r in expired if r.id), "context-expired")
-                gone = {id(r) for r in expired}
-                unplaced = [r for r in unplaced if id(r) not in gone]
-                rows = [r for r in rows if id(r) not in gone]
-            if unplaced:
-                first = self._hot.allocate_seqs(cursor, session_id, len(unplaced))
-                for i, row in enumerate(unplaced):
-                    row.seq = first + i
-                self._hot.set_seqs(cursor, ((r.id, r.seq) for r in unplaced if r.id and r.seq))
-            return sorted(rows, key=lambda r: r.seq or 0)
+        return await self._fast(
+            lambda cursor: self._claim(cursor, session_id, context_limit), write=True
+        )
+
+    async def claim_turn(
+        self, key: str, context_limit: Callable[[SessionRow], int | None]
+    ) -> tuple[SessionRow | None, list[MessageRow]]:
+        """The session and its claimed messages (see `claim_pending`) in one step."""
+
+        def op(cursor: Any) -> tuple[SessionRow | None, list[MessageRow]]:
+            session = self._hot.get_session(cursor, key)
+            if session is None or session.id is None:
+                return None, []
+            return session, self._claim(cursor, session.id, context_limit(session))
 
         return await self._fast(op, write=True)
+
+    def _claim(self, cursor: Any, session_id: int, context_limit: int | None) -> list[MessageRow]:
+        rows = self._hot.unhandled(cursor, session_id)
+        unplaced = [r for r in rows if r.seq is None]
+        context = [r for r in unplaced if r.status == CONTEXT_STATUS]
+        if context_limit is not None and len(context) > context_limit:
+            expired = context[: len(context) - context_limit]
+            self._hot.mark_handled(cursor, (r.id for r in expired if r.id), "context-expired")
+            gone = {id(r) for r in expired}
+            unplaced = [r for r in unplaced if id(r) not in gone]
+            rows = [r for r in rows if id(r) not in gone]
+        if unplaced:
+            first = self._hot.allocate_seqs(cursor, session_id, len(unplaced))
+            for i, row in enumerate(unplaced):
+                row.seq = first + i
+            self._hot.set_seqs(cursor, ((r.id, r.seq) for r in unplaced if r.id and r.seq))
+        return sorted(rows, key=lambda r: r.seq or 0)
 
     def _insert_reply(
         self, cursor: Any, session_id: int, seq: int, m: Message, status: str | None
@@ -477,6 +492,23 @@ class Store:
             )
 
         await self._fast(op, write=True)
+
+    async def summary_and_history(
+        self, session_id: int, known: tuple[int, int] | None = None
+    ) -> tuple[CompactionRow | None, int, list[Message]]:
+        """The latest summary, the seq it covers up to, and the messages after it, in one step.
+
+        `known` = (the covered seq a caller's cached history starts after, the last seq it
+        holds): when the summary has not moved, only messages after the last one are read.
+        """
+
+        def op(cursor: Any) -> tuple[CompactionRow | None, int, list[Message]]:
+            summary = self._hot.latest_compaction(cursor, session_id)
+            after = summary.last_seq if summary is not None else 0
+            start = known[1] if known is not None and known[0] == after else after
+            return summary, after, self._hot.history(cursor, session_id, start)
+
+        return await self._fast(op)
 
     async def history(self, session_id: int, after_seq: int = 0) -> list[Message]:
         return await self._fast(lambda cursor: self._hot.history(cursor, session_id, after_seq))
