@@ -37,7 +37,7 @@ import discord.gateway
 import discord.http
 import yarl
 
-from bench.common import bench_config, fake_llm_process, pct
+from bench.common import WITH_MODEL, bench_config, fake_llm_process, model_call, pct
 from channels.discord import DiscordChannel, discord_intents
 from gateway.app import Gateway
 from tests.fakes.discord_server import FakeDiscord, RecordedCall
@@ -113,8 +113,10 @@ async def _with_endpoints(fake: FakeDiscord, run: Callable[[], Awaitable[Any]]) 
         discord.http.Route.BASE, ws_cls.DEFAULT_GATEWAY = saved
 
 
-async def measure_bare(messages: int, concurrency: int) -> dict[str, Any]:
-    async with FakeDiscord() as fake:
+async def measure_bare(
+    messages: int, concurrency: int, llm_url: str | None = None
+) -> dict[str, Any]:
+    async with model_call(llm_url) as answer, FakeDiscord() as fake:
 
         async def run() -> dict[str, Any]:
             client = discord.Client(intents=discord_intents(), guild_ready_timeout=0.01)
@@ -127,12 +129,13 @@ async def measure_bare(messages: int, concurrency: int) -> dict[str, Any]:
             @client.event
             async def on_message(message: discord.Message) -> None:
                 if not message.author.bot:
-                    await message.channel.send(message.content)
+                    await message.channel.send(await answer(message.content))
 
             task = asyncio.create_task(client.start(fake.token))
             try:
                 await asyncio.wait_for(ready.wait(), 10)
-                return await _drive(fake, messages, concurrency, BARE)
+                label = BARE + (WITH_MODEL if llm_url else "")
+                return await _drive(fake, messages, concurrency, label)
             finally:
                 await client.close()
                 await asyncio.gather(task, return_exceptions=True)
@@ -169,11 +172,13 @@ async def measure_gatehouse(messages: int, concurrency: int) -> dict[str, Any]:
 
 
 async def measure(messages: int = 200, concurrency: int = 20) -> list[dict[str, Any]]:
-    """Two rows: the bare discord.py echo bot (the floor), then Gatehouse."""
-    return [
-        await measure_bare(messages, concurrency),
-        await measure_gatehouse(messages, concurrency),
-    ]
+    """The bare discord.py echo bot (the floor), the same bot asking the model first, then
+    Gatehouse."""
+    rows = [await measure_bare(messages, concurrency)]
+    async with fake_llm_process() as llm_url:
+        rows.append(await measure_bare(messages, concurrency, llm_url))
+    rows.append(await measure_gatehouse(messages, concurrency))
+    return rows
 
 
 def _print(rows: list[dict[str, Any]]) -> None:

@@ -31,14 +31,13 @@ import logging
 import re
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp, AsyncSay
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bench.common import bench_config, channel_row, fake_llm_process
+from bench.common import WITH_MODEL, bench_config, channel_row, fake_llm_process, model_call
 from channels.slack import SlackChannel
 from gateway.app import Gateway
 from tests.fakes.slack_server import ApiCall, FakeSlack, im_message
@@ -88,8 +87,8 @@ async def _measured(fake: FakeSlack, messages: int, concurrency: int) -> tuple[f
     return await _drive(fake, messages, concurrency)
 
 
-async def _bare(messages: int, concurrency: int) -> dict[str, Any]:
-    async with FakeSlack() as fake:
+async def _bare(messages: int, concurrency: int, llm_url: str | None = None) -> dict[str, Any]:
+    async with model_call(llm_url) as answer, FakeSlack() as fake:
         app = AsyncApp(
             client=AsyncWebClient(token="xoxb-bench", base_url=fake.api_url),
             logger=_QUIET,
@@ -98,7 +97,7 @@ async def _bare(messages: int, concurrency: int) -> dict[str, Any]:
 
         @app.event("message")
         async def echo(event: dict[str, Any], say: AsyncSay) -> None:
-            await say(text=event.get("text") or "")
+            await say(text=await answer(event.get("text") or ""))
 
         handler = AsyncSocketModeHandler(app, "xapp-bench", logger=_QUIET)
         await handler.connect_async()  # type: ignore[no-untyped-call]
@@ -107,7 +106,8 @@ async def _bare(messages: int, concurrency: int) -> dict[str, Any]:
             wall, latencies = await _measured(fake, messages, concurrency)
         finally:
             await handler.close_async()  # type: ignore[no-untyped-call]
-    return channel_row("slack", "bare bolt echo app", messages, wall, latencies)
+    path = "bare bolt echo app" + (WITH_MODEL if llm_url else "")
+    return channel_row("slack", path, messages, wall, latencies)
 
 
 async def _gatehouse(messages: int, concurrency: int) -> dict[str, Any]:
@@ -138,9 +138,12 @@ async def _gatehouse(messages: int, concurrency: int) -> dict[str, Any]:
 
 
 async def measure(messages: int = 200, concurrency: int = 20) -> list[dict[str, Any]]:
-    """Two rows: the bare bolt echo floor and Gatehouse, same fake Slack, same load."""
-    paths: list[Callable[[int, int], Awaitable[dict[str, Any]]]] = [_bare, _gatehouse]
-    return [await path(messages, concurrency) for path in paths]
+    """The bare bolt echo floor, the same app asking the model first, and Gatehouse."""
+    rows = [await _bare(messages, concurrency)]
+    async with fake_llm_process() as llm_url:
+        rows.append(await _bare(messages, concurrency, llm_url))
+    rows.append(await _gatehouse(messages, concurrency))
+    return rows
 
 
 if __name__ == "__main__":

@@ -29,13 +29,12 @@ import itertools
 import re
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from telegram import Update
 from telegram.ext import ApplicationBuilder, ContextTypes, MessageHandler, filters
 
-from bench.common import bench_config, channel_row, fake_llm_process
+from bench.common import WITH_MODEL, bench_config, channel_row, fake_llm_process, model_call
 from channels.telegram import TelegramChannel
 from gateway.app import Gateway
 from tests.fakes.telegram_server import Call, FakeTelegram
@@ -85,13 +84,14 @@ async def _measured(
     return await _drive(fake, messages, concurrency)
 
 
-async def _bare(messages: int, concurrency: int) -> dict[str, Any]:
-    async def echo(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
-        message = update.effective_message
-        if message is not None and message.text:
-            await context.bot.send_message(message.chat_id, message.text)
+async def _bare(messages: int, concurrency: int, llm_url: str | None = None) -> dict[str, Any]:
+    async with model_call(llm_url) as answer, FakeTelegram() as fake:
 
-    async with FakeTelegram() as fake:
+        async def echo(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+            message = update.effective_message
+            if message is not None and message.text:
+                await context.bot.send_message(message.chat_id, await answer(message.text))
+
         app = (
             ApplicationBuilder()
             .token(fake.token)
@@ -110,7 +110,8 @@ async def _bare(messages: int, concurrency: int) -> dict[str, Any]:
             finally:
                 await app.updater.stop()
                 await app.stop()
-    return channel_row("telegram", "bare PTB echo bot", messages, wall, latencies)
+    path = "bare PTB echo bot" + (WITH_MODEL if llm_url else "")
+    return channel_row("telegram", path, messages, wall, latencies)
 
 
 async def _gatehouse(messages: int, concurrency: int) -> dict[str, Any]:
@@ -140,9 +141,12 @@ async def _gatehouse(messages: int, concurrency: int) -> dict[str, Any]:
 
 
 async def measure(messages: int = 200, concurrency: int = 20) -> list[dict[str, Any]]:
-    """Two rows: the bare PTB echo floor and Gatehouse, same fake Bot API, same load."""
-    paths: list[Callable[[int, int], Awaitable[dict[str, Any]]]] = [_bare, _gatehouse]
-    return [await path(messages, concurrency) for path in paths]
+    """The bare PTB echo floor, the same bot asking the model first, and Gatehouse."""
+    rows = [await _bare(messages, concurrency)]
+    async with fake_llm_process() as llm_url:
+        rows.append(await _bare(messages, concurrency, llm_url))
+    rows.append(await _gatehouse(messages, concurrency))
+    return rows
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,42 @@ async def fake_llm_process() -> AsyncIterator[str]:
         if proc.returncode is None:
             proc.terminate()
         await proc.wait()
+
+
+Answer = Callable[[str], Awaitable[str]]
+
+
+@contextlib.asynccontextmanager
+async def model_call(llm_url: str | None) -> AsyncIterator[Answer]:
+    """What a bare bot that asks the model before replying does: one chat completion with the
+    openai SDK (the gateway's transport), nothing else. Without a URL: echo the text back."""
+    if llm_url is None:
+
+        async def echo(text: str) -> str:
+            return text
+
+        yield echo
+        return
+    import openai
+
+    client = openai.AsyncOpenAI(
+        base_url=llm_url, api_key="x", max_retries=0, http_client=openai.DefaultAioHttpClient()
+    )
+
+    async def ask(text: str) -> str:
+        reply = await client.chat.completions.create(
+            model="fake-model", messages=[{"role": "user", "content": text}]
+        )
+        return reply.choices[0].message.content or ""
+
+    try:
+        yield ask
+    finally:
+        await client.close()
+
+
+WITH_MODEL = " + 1 model call"
+"""Suffix of the path name of a bare bot that asks the model first."""
 
 
 def pct(values: Sequence[float], q: float) -> float:
