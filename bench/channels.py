@@ -2,10 +2,12 @@
 SDK and the same fake server (the SDK's own floor), with a zero-latency LLM.
 
 Time is measured from an update injected at the fake platform server to the reply arriving
-back at it. Goal: gateway overhead at most 2x the bare SDK round trip. A third row per platform
-is the bare bot asking the model first (one openai SDK call to the same zero-latency fake, in
-its own process): the least any bot that answers with a model can do, so the last column is
-what the gateway itself (persistence, lanes, context assembly, formatting) costs on top.
+back at it. Goal: gateway overhead at most 2x the bare SDK round trip. A bare echo bot makes no
+model call, and one openai SDK call alone costs more than a whole Discord round trip, so a third
+row per platform is the bare bot asking the model first (one call to the same zero-latency fake,
+in its own process): the least any bot that answers with a model can do. The goal column is the
+gateway against that row, i.e. what the gateway itself (persistence, lanes, context assembly,
+formatting) costs; the ratio to the echo bot is shown too.
 
     .venv/bin/python bench/channels.py [--messages 200] [--concurrency 20] [--json out.json]
 """
@@ -45,7 +47,7 @@ async def main() -> None:
         title=f"channels: {args.messages} messages, {args.concurrency} at a time, zero-latency LLM"
     )
     columns = ("platform", "path", "msgs/s", "p50 ms", "p99 ms", "p50 vs bare",
-               "goal ≤ 2×", "p50 vs bare + model")
+               "p50 vs bare + model", "goal ≤ 2×")
     for col in columns:
         table.add_column(col, justify="left" if col in ("platform", "path") else "right")
     for row in rows:
@@ -54,13 +56,15 @@ async def main() -> None:
         asks = next((r for r in same if WITH_MODEL in r["path"]), None)
         ratio = row["p50_ms"] / bare["p50_ms"] if row is not bare else None
         over_asks = row["p50_ms"] / asks["p50_ms"] if asks and row["path"] == "gatehouse" else None
-        goal = None if row["path"] != "gatehouse" or ratio is None else ratio <= 2
+        # The gateway's own overhead: against the bare bot making the same one model call (the
+        # echo bot makes none, and one SDK call alone outweighs a Discord round trip).
+        goal = None if over_asks is None else over_asks <= 2
         table.add_row(
             row["platform"], row["path"], f"{row['msgs_per_s']:.0f}", f"{row['p50_ms']:.2f}",
             f"{row['p99_ms']:.2f}",
             "" if ratio is None else f"×{ratio:.2f}",
-            "" if goal is None else ("ok" if goal else "MISSED"),
             "" if over_asks is None else f"×{over_asks:.2f}",
+            "" if goal is None else ("ok" if goal else "MISSED"),
         )
     Console(width=160).print(table)
     if args.json:
