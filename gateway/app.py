@@ -13,6 +13,7 @@ from gateway.context_setup import ContextResolver
 from gateway.engines import load_engine
 from gateway.llm import NOT_CONFIGURED, LLMProvider
 from gateway.memory_tools import MemoryFlush, MemoryTools
+from gateway.metrics import GatewayMetrics
 from gateway.queue import LanesClosedError, SessionLanes
 from gateway.runner import Runner
 from gateway.sessions import SessionKeyer
@@ -57,6 +58,12 @@ class Gateway:
             MemoryFlush(self.llm, memory_only, self.store, config.gateway.timezone),
         )
         self.lanes = SessionLanes(self.runner.run_turn, config.gateway.max_concurrent_turns)
+        self.metrics = GatewayMetrics()
+        self.metrics.watch_lanes(self.lanes)
+        self.runner.on_turn = self.metrics.observe_turn
+        self.runner.on_compaction = self.metrics.observe_compaction
+        if self.runner.flush is not None:
+            self.runner.flush.on_flush = self.metrics.observe_flush
         self.access = AccessPolicy(config, self.store)
         self.runner.typing = self.typing
         if config.memory.archive_transcripts:

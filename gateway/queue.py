@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,8 @@ class SessionLanes:
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._dirty: set[str] = set()
         self._closed = False
+        self._paused: set[str] = set()
+        self._exclusive: dict[str, asyncio.Lock] = {}
         self.max_concurrent = max_concurrent
 
     @property
@@ -45,13 +47,34 @@ class SessionLanes:
         if self._closed:
             raise LanesClosedError("the gateway is shutting down")
         self._dirty.add(session_key)
-        if session_key not in self._workers:
+        self._start(session_key)
+
+    def _start(self, session_key: str) -> None:
+        if session_key not in self._workers and session_key not in self._paused:
             task = asyncio.create_task(self._lane(session_key), name=f"lane:{session_key}")
             self._workers[session_key] = task
 
+    @contextlib.asynccontextmanager
+    async def exclusive(self, session_key: str) -> AsyncIterator[None]:
+        """Hold a session's lane: the turn in progress finishes, no new one starts until the
+        block ends (an operator's compaction never races a turn). Messages that arrive
+        meanwhile are answered right after."""
+        lock = self._exclusive.setdefault(session_key, asyncio.Lock())
+        async with lock:
+            self._paused.add(session_key)
+            try:
+                worker = self._workers.get(session_key)
+                if worker is not None:
+                    await asyncio.wait({worker})
+                yield
+            finally:
+                self._paused.discard(session_key)
+                if session_key in self._dirty and not self._closed:
+                    self._start(session_key)
+
     async def _lane(self, key: str) -> None:
         try:
-            while key in self._dirty and not self._closed:
+            while key in self._dirty and not self._closed and key not in self._paused:
                 async with self._slots:
                     self._dirty.discard(key)
                     try:

@@ -24,7 +24,15 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from channels.base import InboundMessage
 from context.types import Message, ToolCall
-from gateway.store.models import CompactionRow, MessageRow, PairingRow, SessionRow, utcnow
+from gateway.store.models import (
+    CompactionRow,
+    MemoryFlushRow,
+    MessageRow,
+    PairingRow,
+    SessionRow,
+    TurnRecordRow,
+    utcnow,
+)
 
 CONTEXT_STATUS = "context"
 """An unmentioned group message: stored, shown to the model with the next mention."""
@@ -297,12 +305,18 @@ class Store:
         reply_status: str | None = None,
         error: str | None = None,
         token_ratio: float | None = None,
+        record: TurnRecordRow | None = None,
     ) -> None:
-        """Store the reply, mark the turn's inbound messages answered and count usage: atomically."""
+        """Store the reply, mark the turn's inbound messages answered and count usage: atomically.
+
+        `record` (the turn's token pressure) is stored in the same transaction."""
         ids = list(handled_ids)
         async with self._write() as db:
             seq = await self._allocate_seqs(db, session_id, 1)
             db.add(_message_row(session_id, seq, reply, reply_status))
+            if record is not None:
+                record.session_id, record.reply_seq = session_id, seq
+                db.add(record)
             if ids:
                 stmt = update(MessageRow).where(col(MessageRow.id).in_(ids))
                 await db.exec(stmt.values(handled=True, status=None))
@@ -466,11 +480,49 @@ class Store:
             stmt = update(CompactionRow).where(col(CompactionRow.id) == compaction_id)
             await db.exec(stmt.values(refreshed=True))
 
-    async def mark_flushed(self, session_id: int, cycle: int) -> None:
-        """Record that the memory flush ran for this compaction cycle (never on failure)."""
+    async def record_flush(self, session_id: int, cycle: int, ok: bool, notes_written: int) -> None:
+        """Keep a record of a memory flush; a successful one also marks its cycle flushed."""
         async with self._write() as db:
-            stmt = update(SessionRow).where(col(SessionRow.id) == session_id)
-            await db.exec(stmt.values(flushed_cycle=cycle))
+            db.add(MemoryFlushRow(session_id=session_id, cycle=cycle, ok=ok,
+                                  notes_written=notes_written))
+            if ok:
+                stmt = update(SessionRow).where(col(SessionRow.id) == session_id)
+                await db.exec(stmt.values(flushed_cycle=cycle))
+
+    async def turn_records(self, session_id: int, limit: int = 500) -> list[TurnRecordRow]:
+        """The session's latest `limit` turn records, oldest first."""
+        async with self._sessions() as db:
+            result = await db.exec(
+                select(TurnRecordRow)
+                .where(TurnRecordRow.session_id == session_id)
+                .order_by(col(TurnRecordRow.id).desc())
+                .limit(limit)
+            )
+            return list(result.all())[::-1]
+
+    async def latest_turn_records(self) -> dict[int, TurnRecordRow]:
+        """Each session's latest turn record, by session id, in one query."""
+        latest = select(func.max(TurnRecordRow.id)).group_by(col(TurnRecordRow.session_id))
+        async with self._sessions() as db:
+            result = await db.exec(select(TurnRecordRow).where(col(TurnRecordRow.id).in_(latest)))
+            return {r.session_id: r for r in result.all()}
+
+    async def memory_flushes(self, session_id: int) -> list[MemoryFlushRow]:
+        async with self._sessions() as db:
+            result = await db.exec(
+                select(MemoryFlushRow)
+                .where(MemoryFlushRow.session_id == session_id)
+                .order_by(col(MemoryFlushRow.id))
+            )
+            return list(result.all())
+
+    async def message_counts(self) -> dict[int, int]:
+        """Stored messages per session id, in one query (the sessions list)."""
+        async with self._sessions() as db:
+            result = await db.exec(
+                select(MessageRow.session_id, func.count()).group_by(col(MessageRow.session_id))
+            )
+            return {int(sid): int(n) for sid, n in result.all()}
 
     async def compactions(self, session_id: int) -> list[CompactionRow]:
         async with self._sessions() as db:
