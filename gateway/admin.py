@@ -26,7 +26,7 @@ from urllib.parse import quote, urlsplit
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
-from jinja2 import Environment, PackageLoader, select_autoescape
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
 from gateway import operations
 from gateway.app import Gateway
@@ -42,6 +42,8 @@ TRANSCRIPT_LIMIT = 500
 PROXY_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Real-IP")
 
 AuthResult = Literal["ok", "missing", "wrong", "off"]
+AUTH_KEY = web.RequestKey("admin_auth", str)
+"""How the request was let in: "bearer", "cookie" or "anonymous"."""
 
 
 class AdminAuth:
@@ -232,6 +234,7 @@ class AdminUI:
             autoescape=select_autoescape(["html"]),
             trim_blocks=True,
             lstrip_blocks=True,
+            undefined=StrictUndefined,  # a typo in a template is an error, not an empty cell
         )
         self.env.filters["num"] = _number
         self.env.filters["when"] = _when
@@ -241,7 +244,7 @@ class AdminUI:
 
     def render(self, name: str, request: web.Request, status: int = 200, **context: Any) -> web.Response:
         html = self.env.get_template(name).render(
-            auth=request.get("admin_auth", ""), request_path=request.path, **context
+            auth=request.get(AUTH_KEY, ""), request_path=request.path, **context
         )
         return web.Response(text=html, content_type="text/html", status=status)
 
@@ -274,7 +277,7 @@ class AdminUI:
             )
         if how == "cookie" and request.method not in ("GET", "HEAD") and not _same_origin(request):
             return web.json_response({"error": "cross-site request refused"}, status=403)
-        request["admin_auth"] = how
+        request[AUTH_KEY] = how
         return await handler(request)
 
     def _off(self) -> web.Response:
@@ -290,7 +293,9 @@ class AdminUI:
     async def login_form(self, request: web.Request) -> web.Response:
         if self.auth.anonymous and self.auth.check(request)[0] == "ok":
             raise web.HTTPFound("/admin/")
-        return self.render("login.html", request, next=_safe_next(request.query.get("next")))
+        return self.render(
+            "login.html", request, next=_safe_next(request.query.get("next")), error=None
+        )
 
     async def login(self, request: web.Request) -> web.Response:
         form = await request.post()
