@@ -241,20 +241,19 @@ def sessions_list(
         console.print("no sessions yet")
         return
     table = Table(
-        "session", "platform", "type", "turns", "messages", "prompt tokens / window",
-        "next trigger", "history limit", "updated",
+        "session", "chat", "turns", "messages", "prompt tokens", "next trigger", "history limit",
         title=f"window {rows[0]['window']:,} tokens ({escape(rows[0]['window_source'])})",
     )
     for r in rows:
         tokens = r["prompt_tokens"]
         pressure = "-" if tokens is None else f"{tokens:,} ({tokens / r['window']:.0%})"
         trigger = r["next_trigger"]
-        to_go = "" if trigger["to_go"] is None else f", {trigger['to_go']:,} to go"
+        to_go = "" if trigger["to_go"] is None else f" ({trigger['to_go']:,} to go)"
         limit = "unlimited" if r["history_limit"] == 0 else f"{r['history_limit']:,} turns"
         table.add_row(
-            escape(r["key"]), r["platform"], r["chat_type"], str(r["turns"]),
+            escape(r["key"]), f"{r['platform']} {r['chat_type']}", str(r["turns"]),
             f"{r['messages']:,}", pressure, f"{trigger['name']} at {trigger['at']:,}{to_go}",
-            escape(f"{limit} ({r['history_limit_source']})"), r["updated_at"],
+            escape(f"{limit} ({r['history_limit_source']})"),
         )
     console.print(table)
 
