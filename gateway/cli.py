@@ -142,11 +142,9 @@ async def _serve(config: Config) -> None:
 
 
 def _safe_url(config: Config) -> str:
-    url = config.database_url
-    if "@" in url:
-        scheme, rest = url.split("://", 1)
-        return f"{scheme}://***@{rest.split('@', 1)[1]}"
-    return url
+    from gateway.doctor import redacted_url
+
+    return redacted_url(config.database_url)
 
 
 @app.command()

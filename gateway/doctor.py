@@ -47,10 +47,10 @@ async def check_database(config: Config) -> Check:
         await store.init()
         async with store.engine.connect() as conn:
             sessions = (await conn.execute(text("SELECT count(*) FROM sessions"))).scalar_one()
-        return Check("database", "ready", f"{_safe_url(config.database_url)}: {sessions:,} sessions")
+        return Check("database", "ready", f"{redacted_url(config.database_url)}: {sessions:,} sessions")
     except Exception as exc:
         return Check(
-            "database", "problem", f"{_safe_url(config.database_url)}: {_first_line(exc)}",
+            "database", "problem", f"{redacted_url(config.database_url)}: {_first_line(exc)}",
             "Check [gateway] database_url (PostgreSQL: is the server running and the password "
             "right?) or that [gateway] data_dir is writable.",
         )
@@ -299,7 +299,8 @@ def _first_line(exc: BaseException) -> str:
     return text_.splitlines()[0][:300]
 
 
-def _safe_url(url: str) -> str:
+def redacted_url(url: str) -> str:
+    """A database URL with its credentials hidden, fit for a log or a table."""
     if "@" in url:
         scheme, rest = url.split("://", 1)
         return f"{scheme}://***@{rest.split('@', 1)[1]}"
