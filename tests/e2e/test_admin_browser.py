@@ -93,7 +93,7 @@ async def test_webchat_then_admin_login_session_and_compact_now(
             # After a reload the chart marks the compaction.
             await page.reload()
             assert await page.locator("#token-chart line.marker-compaction").count() == 1
-            await page.screenshot(path=str(tmp_path / "admin-session.png"), full_page=True)
+            await page.screenshot(path=str(tmp_path / "admin-session.png"))
 
             # The memory browser and the pairing page render for a logged-in operator.
             await page.goto(f"{url}/admin/memory?q=ORD-1042&corpus=transcripts")
