@@ -187,6 +187,9 @@ def use_local_endpoint(config: Config, server: LocalModelServer) -> None:
     config.llm.base_url = server.base_url
     config.llm.api_key = "local"
     config.llm.model = server.alias
+    # The gateway sends whole replies, so ask the small local server for plain completions:
+    # one protocol feature (streamed usage chunks) fewer for it to get right.
+    config.llm.stream = False
     if server.alias not in config.models:
         config.models[server.alias] = ModelSection(context_window=server.context_tokens)
 

@@ -86,3 +86,36 @@ async def test_close_waits_then_cancels_and_refuses_new_work() -> None:
     assert cancelled.is_set()
     with pytest.raises(LanesClosedError):
         lanes.notify("b")
+
+
+async def test_exclusive_waits_for_the_running_turn_and_holds_new_ones_back() -> None:
+    events: list[str] = []
+    release = asyncio.Event()
+
+    async def turn(key: str) -> None:
+        events.append(f"turn {key} start")
+        if not release.is_set():
+            await release.wait()
+        events.append(f"turn {key} end")
+
+    lanes = SessionLanes(turn)
+    lanes.notify("a")
+    await asyncio.sleep(0)
+
+    async def operator() -> None:
+        async with lanes.exclusive("a"):
+            events.append("operator")
+            lanes.notify("a")  # a message arrives while the operator holds the lane
+            await asyncio.sleep(0.01)
+            events.append("operator done")
+
+    held = asyncio.create_task(operator())
+    await asyncio.sleep(0.01)
+    assert events == ["turn a start"], "the operator waits for the running turn"
+    release.set()
+    await held
+    await lanes.join()
+    assert events == [
+        "turn a start", "turn a end", "operator", "operator done",
+        "turn a start", "turn a end",
+    ], "the message that arrived meanwhile is answered right after"
