@@ -32,6 +32,7 @@ from gateway import operations
 from gateway.app import Gateway
 from gateway.config import WebSection
 from gateway.store.models import utcnow
+from memory.index import Corpus
 from memory.notes import NoteError, read_lines
 from memory.workspace import WorkspacePathError, list_workspace_files
 
@@ -40,6 +41,7 @@ COOKIE_TTL_SECONDS = 12 * 3600
 TRANSCRIPT_LIMIT = 500
 """Most messages a session page shows (the newest); `gatehouse sessions export` has them all."""
 PROXY_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Real-IP")
+CORPORA: dict[str, Corpus] = {"notes": "notes", "transcripts": "transcripts", "all": "all"}
 
 AuthResult = Literal["ok", "missing", "wrong", "off"]
 AUTH_KEY = web.RequestKey("admin_auth", str)
@@ -119,7 +121,8 @@ class ChartMarker:
 @dataclass(frozen=True, slots=True)
 class ChartLine:
     y: float
-    kind: str
+    kind: Literal["window", "compact", "flush"]
+    tokens: int
     label: str
 
 
@@ -193,12 +196,11 @@ def token_chart(
         )
         for f in history["flushes"]
     ]
+    compact_at, flush_at = int(history["compact_at"]), int(history["flush_at"])
     lines = [
-        ChartLine(y_at(window), "window", f"window {window:,}"),
-        ChartLine(y_at(int(history["compact_at"])), "compact",
-                  f"compaction {int(history['compact_at']):,}"),
-        ChartLine(y_at(int(history["flush_at"])), "flush",
-                  f"memory flush {int(history['flush_at']):,}"),
+        ChartLine(y_at(window), "window", window, f"window {window:,} tokens"),
+        ChartLine(y_at(compact_at), "compact", compact_at, f"compaction at {compact_at:,}"),
+        ChartLine(y_at(flush_at), "flush", flush_at, f"memory flush at {flush_at:,}"),
     ]
     return TokenChart(width, height, left, top, plot_w, plot_h, points, markers, lines)
 
@@ -365,9 +367,7 @@ class AdminUI:
 
     async def memory(self, request: web.Request) -> web.Response:
         query = request.query.get("q", "").strip()
-        corpus = request.query.get("corpus", "notes")
-        if corpus not in ("notes", "transcripts", "all"):
-            corpus = "notes"
+        corpus = CORPORA.get(request.query.get("corpus", ""), "notes")
         workspace = self.gateway.config.workspace
         files = await asyncio.to_thread(list_workspace_files, workspace)
         hits: list[dict[str, Any]] = []
@@ -376,7 +376,7 @@ class AdminUI:
 
             def search() -> list[Any]:
                 index.refresh()
-                return index.search(query, limit=20, corpus=corpus)  # type: ignore[arg-type]
+                return index.search(query, limit=20, corpus=corpus)
 
             hits = [
                 {**asdict(h), "location": h.location} for h in await asyncio.to_thread(search)
