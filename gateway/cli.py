@@ -17,7 +17,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 
 from channels.console import ConsoleChannel
 from channels.webchat import WebchatChannel
@@ -239,7 +239,8 @@ def sessions_list(
         console.print("no sessions yet")
         return
     table = Table(
-        "session", "chat", "turns", "messages", "prompt tokens", "next trigger", "history limit",
+        Column("session", overflow="fold", min_width=24), "chat", "turns", "messages",
+        "prompt tokens", "next trigger", "history limit",
         title=f"window {rows[0]['window']:,} tokens ({escape(rows[0]['window_source'])})",
     )
     for r in rows:
@@ -749,8 +750,8 @@ def doctor(
     else:
         style = {"ready": "[green]ready[/green]", "warning": "[yellow]warning[/yellow]",
                  "problem": "[red]problem[/red]"}
-        table = Table("check", "status", "detail", "how to fix", title="gatehouse doctor",
-                      show_lines=True)
+        table = Table("check", "status", Column("detail", overflow="fold"), "how to fix",
+                      title="gatehouse doctor", show_lines=True)
         for c in checks:
             table.add_row(c.name, style[c.status], escape(c.detail), escape(c.fix))
         console.print(table)
