@@ -239,8 +239,8 @@ def sessions_list(
         console.print("no sessions yet")
         return
     table = Table(
-        Column("session", overflow="fold", min_width=24), "chat", "turns", "messages",
-        "prompt tokens", "next trigger", "history limit",
+        Column("session", overflow="fold"), "chat", "turns / msgs",
+        "prompt tokens", "next trigger", Column("history limit", overflow="fold"),
         title=f"window {rows[0]['window']:,} tokens ({escape(rows[0]['window_source'])})",
     )
     for r in rows:
@@ -250,8 +250,8 @@ def sessions_list(
         to_go = "" if trigger["to_go"] is None else f" ({trigger['to_go']:,} to go)"
         limit = "unlimited" if r["history_limit"] == 0 else f"{r['history_limit']:,} turns"
         table.add_row(
-            escape(r["key"]), f"{r['platform']} {r['chat_type']}", str(r["turns"]),
-            f"{r['messages']:,}", pressure, f"{trigger['name']} at {trigger['at']:,}{to_go}",
+            escape(r["key"]), f"{r['platform']} {r['chat_type']}",
+            f"{r['turns']:,} / {r['messages']:,}", pressure, f"{trigger['name']} at {trigger['at']:,}{to_go}",
             escape(f"{limit} ({r['history_limit_source']})"),
         )
     console.print(table)
