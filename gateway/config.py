@@ -79,6 +79,9 @@ class LLMSection(_Strict):
     stream: bool = True
     temperature: float | None = Field(default=None, ge=0, le=2)
     max_tool_rounds: int = Field(default=8, ge=1, le=64)
+    max_tokens: int | None = Field(
+        default=None, ge=1, description="cap on each reply's tokens; default: the server's own"
+    )
     local_model: bool = Field(
         default=True,
         description="with no endpoint configured, start the bundled offline model if installed",

@@ -32,6 +32,8 @@ CONTEXT_TOKENS = 16_384
 """Served context: the gateway refuses windows under 16,000 tokens (SmolLM2 trained on 8k, so
 long prompts get worse still — it is a stand-in, not a model to rely on)."""
 
+MAX_REPLY_TOKENS = 512
+
 LOW_QUALITY_NOTICE = (
     "No [llm] endpoint is configured, so Gatehouse started its bundled offline model "
     "(SmolLM2-135M-Instruct, on 127.0.0.1). It needs no account, but its answers are low "
@@ -190,6 +192,9 @@ def use_local_endpoint(config: Config, server: LocalModelServer) -> None:
     # The gateway sends whole replies, so ask the small local server for plain completions:
     # one protocol feature (streamed usage chunks) fewer for it to get right.
     config.llm.stream = False
+    if config.llm.max_tokens is None:
+        # A small model can ramble until its context is full; llama.cpp has no default cap.
+        config.llm.max_tokens = MAX_REPLY_TOKENS
     if server.alias not in config.models:
         config.models[server.alias] = ModelSection(context_window=server.context_tokens)
 

@@ -53,7 +53,10 @@ def build(args: argparse.Namespace) -> web.Application:
         last = next(
             (m["content"] for m in reversed(body["messages"]) if m["role"] == "user"), ""
         )
-        text = f"[{model_name} n_ctx={args.n_ctx}] you said: {last}"
+        text = (
+            f"[{model_name} n_ctx={args.n_ctx} max_tokens={body.get('max_tokens')}] "
+            f"you said: {last}"
+        )
         usage = {"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19}
         if body.get("stream"):
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

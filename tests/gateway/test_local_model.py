@@ -16,6 +16,7 @@ import pytest
 from gateway.app import Gateway
 from gateway.local_model import (
     LOW_QUALITY_NOTICE,
+    MAX_REPLY_TOKENS,
     MODEL_ALIAS,
     LocalModelError,
     LocalModelServer,
@@ -73,7 +74,10 @@ async def test_no_endpoint_starts_the_model_and_the_gateway_talks_to_it(
             replies = await rg.ask("hello offline")
         finally:
             await rg.gateway.stop()
-        assert replies == [f"[tiny.gguf n_ctx={server.context_tokens}] you said: hello offline"]
+        assert replies == [
+            f"[tiny.gguf n_ctx={server.context_tokens} max_tokens={MAX_REPLY_TOKENS}] "
+            "you said: hello offline"
+        ]
         url = server.base_url
     assert process.returncode is not None, "stopped with the block"
     assert not await answers(url)
