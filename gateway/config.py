@@ -13,7 +13,14 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 CONFIG_ENV = "GATEHOUSE_CONFIG"
 DEFAULT_CONFIG_NAME = "gatehouse.toml"
@@ -79,16 +86,43 @@ class LLMSection(_Strict):
     stream: bool = True
     temperature: float | None = Field(default=None, ge=0, le=2)
     max_tool_rounds: int = Field(default=8, ge=1, le=64)
+    max_tokens: int | None = Field(
+        default=None, ge=1, description="cap on each reply's tokens; default: the server's own"
+    )
+    local_model: bool = Field(
+        default=True,
+        description="with no endpoint configured, start the bundled offline model if installed",
+    )
 
     @property
     def configured(self) -> bool:
         return bool(self.base_url or self.api_key)
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
 class WebSection(_Strict):
     enabled: bool = True
     host: str = "127.0.0.1"
     port: int = Field(default=8787, ge=0, le=65535)
+    admin_token: str | None = Field(
+        default=None,
+        min_length=16,
+        description="bearer token (or login password) for /admin/; unset: the admin UI is off",
+    )
+    admin_anonymous: bool = Field(
+        default=False, description="serve /admin/ without a login; only when host is loopback"
+    )
+
+    @model_validator(mode="after")
+    def _anonymous_only_on_loopback(self) -> WebSection:
+        if self.admin_anonymous and self.host not in LOOPBACK_HOSTS:
+            raise ValueError(
+                f"admin_anonymous = true needs host = \"127.0.0.1\" (got {self.host!r}); "
+                "set admin_token to reach /admin/ from other machines"
+            )
+        return self
 
 
 DmScope = Literal["main", "per-peer", "per-channel-peer", "per-account-channel-peer"]

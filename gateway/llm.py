@@ -139,6 +139,8 @@ class LLMProvider:
             kwargs["tools"] = list(tools)
         if self.settings.temperature is not None:
             kwargs["temperature"] = self.settings.temperature
+        if self.settings.max_tokens is not None:
+            kwargs["max_tokens"] = self.settings.max_tokens
         # The SDK retries 429/5xx/timeouts of the request itself; a stream that stalls after it
         # started, and a malformed body, are ours to retry.
         attempts = self.settings.max_retries + 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +145,8 @@ class MemoryFlush:
         self.store = store
         self.timezone = timezone
         self.max_rounds = max_rounds
+        self.on_flush: Callable[[bool], None] | None = None
+        """Told whether each flush succeeded (the gateway's metrics)."""
 
     @staticmethod
     def due(session: SessionRow) -> bool:
@@ -177,10 +179,18 @@ class MemoryFlush:
                     )
         except (TimeoutError, LLMError) as exc:
             log.warning("memory flush failed for %s (cycle not marked): %s", session.key, exc)
+            await self._record(session, False, writes)
             return False
-        await self.store.mark_flushed(session.id, session.compaction_cycle)
+        await self._record(session, True, writes)
         log.info(
             "memory flush for %s (cycle %d): %d notes written",
             session.key, session.compaction_cycle, writes,
         )
         return True
+
+    async def _record(self, session: SessionRow, ok: bool, writes: int) -> None:
+        """Store the flush (a success also marks its cycle) and tell the metrics."""
+        assert session.id is not None
+        await self.store.record_flush(session.id, session.compaction_cycle, ok, writes)
+        if self.on_flush is not None:
+            self.on_flush(ok)

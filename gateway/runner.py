@@ -35,7 +35,15 @@ from gateway.config import Config
 from gateway.context_setup import ContextResolver, Conversation
 from gateway.llm import ContextOverflowError, LLMError, LLMProvider
 from gateway.memory_tools import MemoryFlush
-from gateway.store import CompactionRow, MessageRow, SessionRow, Store, TurnUsage, row_to_message
+from gateway.store import (
+    CompactionRow,
+    MessageRow,
+    SessionRow,
+    Store,
+    TurnRecordRow,
+    TurnUsage,
+    row_to_message,
+)
 from gateway.streaming import PreviewStream
 from gateway.tools import ToolContext, ToolRegistry
 from memory.agents_md import AgentsFile
@@ -74,6 +82,28 @@ class TurnStats:
     compactions: list[CompactionResult] = field(default_factory=list)
     # {message id: tokens} counted this turn, stored with the turn's result (no extra write).
     token_counts: dict[int, int] = field(default_factory=dict)
+    platform: str = ""
+    local_prompt_tokens: int | None = None
+    """The gateway's own count of the last prompt sent (the provider's is `prompt_tokens`)."""
+    window: int | None = None
+    compact_at: int | None = None
+    flush_at: int | None = None
+
+    def record(self) -> TurnRecordRow:
+        """The stored form of these stats (the admin UI's token-pressure chart)."""
+        return TurnRecordRow(
+            session_id=0,  # set by the store
+            prompt_tokens=self.prompt_tokens,
+            local_prompt_tokens=self.local_prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            window=self.window,
+            compact_at=self.compact_at,
+            flush_at=self.flush_at,
+            seconds=round(self.seconds, 3),
+            tool_rounds=self.tool_rounds,
+            compactions=len([c for c in self.compactions if c.committed]),
+            error=self.error,
+        )
 
 
 @dataclass
@@ -118,6 +148,8 @@ class Runner:
         """Opens a streamed preview for a reply, when its channel has one (gateway/streaming.py)."""
         self.agents = AgentsFile(config.workspace / "AGENTS.md")
         self.on_turn: Callable[[TurnStats], None] | None = None
+        self.on_compaction: Callable[[str, CompactionResult | None], None] | None = None
+        """Told of each compaction attempt's reason and result (None: it crashed)."""
         self.last_plan: dict[str, ContextPlan] = {}
         self.history_cache_sessions = 256
         self._histories: dict[int, _Cached] = {}
@@ -130,7 +162,7 @@ class Runner:
         if session is None or session.id is None or not claimed:
             return
         started = time.perf_counter()
-        stats = TurnStats(session_key, len(claimed))
+        stats = TurnStats(session_key, len(claimed), platform=session.platform)
         status: str | None = None
         last = claimed[-1]
         outbound = OutboundMessage(
@@ -169,6 +201,7 @@ class Runner:
         reply_message = reply_message.with_tokens(
             self.resolver.counter.count_message(reply_message)
         )
+        stats.seconds = time.perf_counter() - started
         await self.store.finish_turn(
             session.id,
             reply_message,
@@ -178,8 +211,8 @@ class Runner:
             error=stats.error,
             token_ratio=_calibrated_ratio(self.resolver, session_key),
             token_counts=stats.token_counts,
+            record=stats.record(),
         )
-        stats.seconds = time.perf_counter() - started
         if self.on_turn is not None:
             self.on_turn(stats)
         preview_id = await preview.finish() if preview is not None else None
@@ -259,6 +292,7 @@ class Runner:
             if plan.error:
                 raise TurnRefusedError(plan.error)
             self.last_plan[session_key] = plan
+            _note_pressure(stats, plan)
             try:
                 completion = await self.llm.complete(
                     plan.messages, tool_specs, on_text=preview.update if preview else None
@@ -429,8 +463,17 @@ class Runner:
             return
         await self.flush.run(session, plan.messages)
 
-    async def view(self, session_id: int) -> SessionView:
-        """Latest summary + the stored messages after its range (only new rows are loaded)."""
+    async def view(self, session_id: int, *, use_cache: bool = True) -> SessionView:
+        """Latest summary + the stored messages after its range (only new rows are loaded).
+
+        Readers outside the session's lane (the admin UI) pass `use_cache=False`: the cache
+        belongs to the turn in progress."""
+        if not use_cache:
+            summary, _after, rows = await self.store.summary_and_history(session_id)
+            return SessionView(
+                None if is_reset(summary) else summary,
+                [m for m in rows if m.meta.get("status") not in HIDDEN_STATUSES],
+            )
         cached = self._histories.pop(session_id, None)
         known = None
         if cached is not None:
@@ -495,9 +538,13 @@ class Runner:
         except Exception:
             log.exception("compaction crashed for %s; history kept", session_key)
             await self.store.set_compaction_state(session.id, cooldown_until=self._cooldown())
+            if self.on_compaction is not None:
+                self.on_compaction(reason, None)
             return None
         if result is None:
             return None
+        if self.on_compaction is not None:
+            self.on_compaction(reason, result)
         for note in result.notes:
             log.info("compaction %s: %s", session_key, note)
         if not result.committed:
@@ -695,6 +742,17 @@ def _compact_command(content: Any) -> str | None:
     if text == "/compact" or text.startswith(("/compact ", "/compact\n")):
         return text[len("/compact") :].strip()
     return None
+
+
+def _note_pressure(stats: TurnStats, plan: ContextPlan) -> None:
+    """Keep the token pressure of the prompt about to be sent, for the turn's record."""
+    facts = plan.facts
+    tokens = facts.get("tokens", {})
+    sent = tokens.get("prompt")
+    stats.local_prompt_tokens = int(sent) if sent is not None else None
+    stats.window = facts.get("window")
+    stats.compact_at = facts.get("compaction_threshold")
+    stats.flush_at = facts.get("flush_threshold")
 
 
 def _calibrated_ratio(resolver: ContextResolver, session_key: str) -> float | None:

@@ -1,7 +1,7 @@
 """The gateway's web server (aiohttp): the webchat page and API, and health.
 
 aiohttp runs inside the gateway's own event loop, next to the channels and lanes, so one process
-serves everything; later issues add webhooks, `/admin/` and `/metrics` to the same app.
+serves everything: the webchat, `/healthz`, `/metrics`, platform webhooks and `/admin/`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from channels.webchat import WebchatChannel
+from gateway.admin import add_admin_routes
 from gateway.app import Gateway
+from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,12 @@ async def healthz(request: web.Request) -> web.Response:
             "active_lanes": gateway.lanes.active,
         }
     )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus text format (see gateway/metrics.py for what is counted)."""
+    body = request.app[GATEWAY_KEY].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 
 async def post_message(request: web.Request) -> web.Response:
@@ -97,7 +105,9 @@ def build_app(gateway: Gateway, webchat: WebchatChannel) -> web.Application:
     app[WEBCHAT_KEY] = webchat
     app.router.add_get("/", chat_page)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
     app.router.add_post("/api/messages", post_message)
+    add_admin_routes(app, gateway)
     return app
 
 

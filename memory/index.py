@@ -27,7 +27,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -362,8 +362,10 @@ class MemoryIndex:
 
     # ---- notes corpus -------------------------------------------------------------------
 
-    def refresh(self) -> RefreshStats:
-        """Bring the index in line with the files: changed files re-chunked, deleted ones gone."""
+    def refresh(self, progress: Callable[[int, int], None] | None = None) -> RefreshStats:
+        """Bring the index in line with the files: changed files re-chunked, deleted ones gone.
+
+        `progress(done, total)` hears of each file scanned (the CLI's progress bar)."""
         began = time.perf_counter()
         scanned = hashed = changed = removed = written = dropped = 0
         with self._lock, self._transaction() as conn:
@@ -373,9 +375,12 @@ class MemoryIndex:
             }
             seen: set[str] = set()
             now_ns = time.time_ns()
-            for found in scan_workspace(self.workspace, self._suffixes, self._exclude):
+            files = list(scan_workspace(self.workspace, self._suffixes, self._exclude))
+            for found in files:
                 rel = found.rel
                 scanned += 1
+                if progress is not None:
+                    progress(scanned, len(files))
                 if found.size > MAX_FILE_BYTES:
                     continue  # not notes; dropped from the index below if it was there
                 old = known.get(rel)
@@ -453,14 +458,14 @@ class MemoryIndex:
         conn.executemany("INSERT INTO chunks_fts(rowid, body, short) VALUES (?, ?, ?)", rows)
         return len(fresh), len(stale)
 
-    def reindex(self) -> RefreshStats:
+    def reindex(self, progress: Callable[[int, int], None] | None = None) -> RefreshStats:
         """Forget the notes index and build it again from the files (transcripts are kept)."""
         with self._lock:
             with self._transaction() as conn:
                 conn.execute("INSERT INTO chunks_fts(chunks_fts) VALUES ('delete-all')")
                 conn.execute("DELETE FROM chunks")
                 conn.execute("DELETE FROM files")
-            return self.refresh()
+            return self.refresh(progress)
 
     # ---- transcripts corpus -------------------------------------------------------------
 

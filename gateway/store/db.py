@@ -32,7 +32,15 @@ from sqlmodel import Session, col, select
 from channels.base import InboundMessage
 from context.types import Message, ToolCall
 from gateway.store.hot import Dialect, HotPath
-from gateway.store.models import CompactionRow, MessageRow, PairingRow, SessionRow, utcnow
+from gateway.store.models import (
+    CompactionRow,
+    MemoryFlushRow,
+    MessageRow,
+    PairingRow,
+    SessionRow,
+    TurnRecordRow,
+    utcnow,
+)
 from gateway.store.schema import migrate
 
 CONTEXT_STATUS = "context"
@@ -469,16 +477,21 @@ class Store:
         error: str | None = None,
         token_ratio: float | None = None,
         token_counts: dict[int, int] | None = None,
+        record: TurnRecordRow | None = None,
     ) -> None:
         """Store the reply, mark the turn's inbound messages answered and count usage: atomically.
 
-        `token_counts` ({message id: tokens}) rides along so counting costs no extra transaction.
+        `token_counts` ({message id: tokens}) rides along so counting costs no extra transaction;
+        `record` (the turn's token pressure, for the admin UI) is stored with the reply.
         """
         ids = list(handled_ids)
 
         def op(cursor: Any) -> None:
             seq = self._hot.allocate_seqs(cursor, session_id, 1)
             self._insert_reply(cursor, session_id, seq, reply, reply_status)
+            if record is not None:
+                record.session_id, record.reply_seq = session_id, seq
+                self._hot.insert_turn_record(cursor, record)
             self._hot.mark_handled(cursor, ids, None)
             if token_counts:
                 self._hot.set_tokens(cursor, token_counts)
@@ -649,10 +662,46 @@ class Store:
         stmt = update(CompactionRow).where(col(CompactionRow.id) == compaction_id)
         await self._write(lambda db: _update(db, stmt.values(refreshed=True)))
 
-    async def mark_flushed(self, session_id: int, cycle: int) -> None:
-        """Record that the memory flush ran for this compaction cycle (never on failure)."""
-        stmt = update(SessionRow).where(col(SessionRow.id) == session_id)
-        await self._write(lambda db: _update(db, stmt.values(flushed_cycle=cycle)))
+    async def record_flush(self, session_id: int, cycle: int, ok: bool, notes_written: int) -> None:
+        """Keep a record of a memory flush; a successful one also marks its cycle flushed."""
+
+        def op(db: Session) -> None:
+            db.add(MemoryFlushRow(session_id=session_id, cycle=cycle, ok=ok,
+                                  notes_written=notes_written))
+            if ok:
+                stmt = update(SessionRow).where(col(SessionRow.id) == session_id)
+                _update(db, stmt.values(flushed_cycle=cycle))
+
+        await self._write(op)
+
+    async def turn_records(self, session_id: int, limit: int = 500) -> list[TurnRecordRow]:
+        """The session's latest `limit` turn records, oldest first."""
+        stmt = (
+            select(TurnRecordRow)
+            .where(TurnRecordRow.session_id == session_id)
+            .order_by(col(TurnRecordRow.id).desc())
+            .limit(limit)
+        )
+        return await self._read(lambda db: list(db.exec(stmt).all())[::-1])
+
+    async def latest_turn_records(self) -> dict[int, TurnRecordRow]:
+        """Each session's latest turn record, by session id, in one query."""
+        latest = select(func.max(TurnRecordRow.id)).group_by(col(TurnRecordRow.session_id))
+        stmt = select(TurnRecordRow).where(col(TurnRecordRow.id).in_(latest))
+        return await self._read(lambda db: {r.session_id: r for r in db.exec(stmt).all()})
+
+    async def memory_flushes(self, session_id: int) -> list[MemoryFlushRow]:
+        stmt = (
+            select(MemoryFlushRow)
+            .where(MemoryFlushRow.session_id == session_id)
+            .order_by(col(MemoryFlushRow.id))
+        )
+        return await self._read(lambda db: list(db.exec(stmt).all()))
+
+    async def message_counts(self) -> dict[int, int]:
+        """Stored messages per session id, in one query (the sessions list)."""
+        stmt = select(MessageRow.session_id, func.count()).group_by(col(MessageRow.session_id))
+        return await self._read(lambda db: {int(sid): int(n) for sid, n in db.exec(stmt).all()})
 
     async def compactions(self, session_id: int) -> list[CompactionRow]:
         stmt = (

@@ -22,7 +22,7 @@ from sqlalchemy.orm.instrumentation import manager_of_class
 from sqlmodel import SQLModel
 
 from context.types import Message, ToolCall
-from gateway.store.models import CompactionRow, MessageRow, SessionRow, utcnow
+from gateway.store.models import CompactionRow, MessageRow, SessionRow, TurnRecordRow, utcnow
 
 SESSION_COLUMNS = tuple(SessionRow.model_fields)
 MESSAGE_COLUMNS = tuple(MessageRow.model_fields)
@@ -129,6 +129,11 @@ HISTORY = _select(
     MESSAGE_COLUMNS,
     "session_id = :session_id AND seq IS NOT NULL AND seq > :after ORDER BY seq",
 )
+_RECORDED = [c for c in TurnRecordRow.model_fields if c != "id"]
+INSERT_TURN_RECORD = (
+    f"INSERT INTO turn_records ({', '.join(_RECORDED)}) "
+    f"VALUES ({', '.join(':' + c for c in _RECORDED)})"
+)
 COUNT_TURN = (
     "UPDATE sessions SET turns = turns + 1, last_error = :error, "
     "token_ratio = COALESCE(:ratio, token_ratio), "
@@ -207,6 +212,11 @@ class HotPath:
         params = [{"id": i, "tokens": t} for i, t in counts.items()]
         if params:
             cursor.executemany(self.d.sql(SET_TOKENS), params)
+
+    def insert_turn_record(self, cursor: Any, record: TurnRecordRow) -> None:
+        params = {c: getattr(record, c) for c in _RECORDED}
+        params["created_at"] = self.d.dump_time(record.created_at)
+        cursor.execute(self.d.sql(INSERT_TURN_RECORD), params)
 
     def count_turn(
         self,

@@ -110,3 +110,41 @@ class PairingRow(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow)
     expires_at: datetime
     decided_at: datetime | None = None
+
+
+class TurnRecordRow(SQLModel, table=True):
+    """What one turn cost: the token pressure the admin UI charts and the metrics count.
+
+    Written in the same transaction as the turn's reply. `prompt_tokens` is what the provider
+    reported; `local_prompt_tokens` the gateway's own count of what it sent.
+    """
+
+    __tablename__ = "turn_records"
+
+    id: int | None = Field(default=None, primary_key=True)
+    session_id: int = Field(foreign_key="sessions.id", index=True)
+    reply_seq: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))
+    created_at: datetime = Field(default_factory=utcnow)
+    prompt_tokens: int | None = None
+    local_prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    window: int | None = None
+    compact_at: int | None = None
+    flush_at: int | None = None
+    seconds: float = 0.0
+    tool_rounds: int = 0
+    compactions: int = 0
+    error: str | None = Field(default=None, sa_column=Column(Text))
+
+
+class MemoryFlushRow(SQLModel, table=True):
+    """One silent memory-flush turn (successful or not), for the session page's markers."""
+
+    __tablename__ = "memory_flushes"
+
+    id: int | None = Field(default=None, primary_key=True)
+    session_id: int = Field(foreign_key="sessions.id", index=True)
+    cycle: int
+    ok: bool
+    notes_written: int = 0
+    created_at: datetime = Field(default_factory=utcnow)

@@ -92,7 +92,8 @@ async def test_chat_message_prints_the_reply(tmp_path: Path, fake_llm: FakeOpenA
 
 
 async def test_chat_without_endpoint_says_how_to_configure(tmp_path: Path) -> None:
-    write_config(tmp_path, None)
+    # local_model = false: the same answer a gateway without the `local` extra gives.
+    write_config(tmp_path, None, extra="[llm]\nlocal_model = false\n")
     code, out, _ = await run_cli("chat", "-m", "hello", cwd=tmp_path)
     assert code == 0
     assert "No LLM endpoint is configured" in out

@@ -13,6 +13,8 @@ from sqlmodel import SQLModel
 from gateway.store import SessionInfo, Store
 from gateway.store.schema import FIRST_REVISION, head_revision
 
+FIRST_RELEASE_TABLES = ("sessions", "messages", "compactions", "pairings")
+
 
 def _differences(url: str) -> list[object]:
     engine = create_engine(Store(url).url)
@@ -53,7 +55,8 @@ async def test_database_from_before_migrations_is_adopted(tmp_path: Path) -> Non
     path = tmp_path / "old.db"
     url = f"sqlite:///{path}"
     engine = create_engine(url)
-    SQLModel.metadata.create_all(engine)  # what the first release did, with no version table
+    first_release = [SQLModel.metadata.tables[t] for t in FIRST_RELEASE_TABLES]
+    SQLModel.metadata.create_all(engine, tables=first_release)  # no version table then
     engine.dispose()
     store = Store(url)
     await store.init()

@@ -5,7 +5,10 @@ Run from the command line through `gatehouse db upgrade` (or `alembic` with `-x 
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
 from alembic import context
+from alembic.autogenerate.api import AutogenContext
 from sqlalchemy import create_engine
 from sqlmodel import SQLModel
 
@@ -23,6 +26,17 @@ def include_object(
     return not (type_ == "table" and name in FOREIGN_TABLES)
 
 
+def render_item(type_: str, obj: Any, _context: AutogenContext) -> str | Literal[False]:
+    """Write SQLModel's column types as plain SQLAlchemy ones in generated migrations."""
+    from sqlmodel.sql.sqltypes import AutoString, UTCDateTime
+
+    if type_ == "type" and isinstance(obj, AutoString):
+        return "sa.String()"
+    if type_ == "type" and isinstance(obj, UTCDateTime):
+        return "sa.DateTime(timezone=True)"
+    return False
+
+
 def run_migrations_online() -> None:
     connection = config.attributes.get("connection")
     if connection is not None:
@@ -31,6 +45,7 @@ def run_migrations_online() -> None:
             target_metadata=target_metadata,
             render_as_batch=True,
             include_object=include_object,
+            render_item=render_item,
         )
         with context.begin_transaction():
             context.run_migrations()
@@ -47,6 +62,7 @@ def run_migrations_online() -> None:
             target_metadata=target_metadata,
             render_as_batch=True,
             include_object=include_object,
+            render_item=render_item,
         )
         with context.begin_transaction():
             context.run_migrations()

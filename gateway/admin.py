@@ -1,0 +1,455 @@
+"""The admin web UI under `/admin/`: sessions and their token pressure, a session's transcript,
+token chart and compaction history ("compact now"), the memory browser, pairing approvals.
+
+Server-rendered with Jinja2; htmx (vendored, no build step) swaps the compaction panel in place.
+Every page reads through `gateway.operations` and the store, the same code the CLI uses.
+
+Access: `[web] admin_token` as a bearer token, or typed once into the login form, which sets a
+signed, HttpOnly, SameSite=Strict cookie (valid 12 hours; changing the token invalidates it).
+`admin_anonymous = true` skips the login, and only on a loopback host (enforced by the config)
+for requests that did not come through a proxy. With neither, `/admin/` answers 403 and says how
+to turn it on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import time
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from functools import cached_property
+from importlib import resources
+from typing import Any, Literal
+from urllib.parse import quote, urlsplit
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+
+from gateway import operations
+from gateway.app import Gateway
+from gateway.config import WebSection
+from gateway.store.models import utcnow
+from memory.index import Corpus
+from memory.notes import NoteError, read_lines
+from memory.workspace import WorkspacePathError, list_workspace_files
+
+COOKIE = "gatehouse_admin"
+COOKIE_TTL_SECONDS = 12 * 3600
+TRANSCRIPT_LIMIT = 500
+"""Most messages a session page shows (the newest); `gatehouse sessions export` has them all."""
+PROXY_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Real-IP")
+CORPORA: dict[str, Corpus] = {"notes": "notes", "transcripts": "transcripts", "all": "all"}
+
+AuthResult = Literal["ok", "missing", "wrong", "off"]
+AUTH_KEY = web.RequestKey("admin_auth", str)
+"""How the request was let in: "bearer", "cookie" or "anonymous"."""
+
+
+class AdminAuth:
+    """Checks a request against `[web] admin_token` (bearer or cookie) or anonymous access."""
+
+    def __init__(self, settings: WebSection) -> None:
+        self.token = settings.admin_token
+        self.anonymous = settings.admin_anonymous
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.token) or self.anonymous
+
+    def _signature(self, expires: int) -> str:
+        assert self.token is not None
+        return hmac.new(
+            self.token.encode(), f"gatehouse-admin:{expires}".encode(), hashlib.sha256
+        ).hexdigest()
+
+    def issue_cookie(self, now: float | None = None) -> str:
+        """`<expiry>.<HMAC>`: the token itself never travels in a cookie."""
+        expires = int((now if now is not None else time.time()) + COOKIE_TTL_SECONDS)
+        return f"{expires}.{self._signature(expires)}"
+
+    def cookie_valid(self, value: str, now: float | None = None) -> bool:
+        if not self.token:
+            return False
+        expiry, _, signature = value.partition(".")
+        if not expiry.isdigit() or int(expiry) < (now if now is not None else time.time()):
+            return False
+        return hmac.compare_digest(signature, self._signature(int(expiry)))
+
+    def token_matches(self, candidate: str) -> bool:
+        return bool(self.token) and hmac.compare_digest(
+            candidate.encode(), (self.token or "").encode()
+        )
+
+    def check(self, request: web.Request) -> tuple[AuthResult, str]:
+        """(result, how): how is "bearer", "cookie" or "anonymous"."""
+        if not self.enabled:
+            return "off", ""
+        header = request.headers.get("Authorization", "")
+        if header:
+            scheme, _, value = header.partition(" ")
+            if scheme.lower() == "bearer" and self.token_matches(value.strip()):
+                return "ok", "bearer"
+            return "wrong", "bearer"
+        cookie = request.cookies.get(COOKIE)
+        if cookie and self.cookie_valid(cookie):
+            return "ok", "cookie"
+        proxied = any(h in request.headers for h in PROXY_HEADERS)
+        if self.anonymous and not proxied:
+            return "ok", "anonymous"
+        return "missing", ""
+
+
+@dataclass(frozen=True, slots=True)
+class ChartPoint:
+    x: float
+    y: float
+    turn: int
+    tokens: int
+    label: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChartMarker:
+    x: float
+    kind: Literal["compaction", "flush", "flush-failed"]
+    label: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChartLine:
+    y: float
+    kind: Literal["window", "compact", "flush"]
+    tokens: int
+    label: str
+
+
+@dataclass(frozen=True, slots=True)
+class TokenChart:
+    """Geometry of the per-turn prompt-token chart, rendered as SVG by the template."""
+
+    width: int
+    height: int
+    left: int
+    top: int
+    plot_width: int
+    plot_height: int
+    points: list[ChartPoint]
+    markers: list[ChartMarker]
+    lines: list[ChartLine]
+
+    @property
+    def polyline(self) -> str:
+        return " ".join(f"{p.x:.1f},{p.y:.1f}" for p in self.points)
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def token_chart(
+    history: dict[str, Any], width: int = 760, height: int = 240
+) -> TokenChart:
+    """Prompt tokens per turn against the window, with the thresholds as horizontal lines and
+    each compaction and memory flush as a vertical marker between the turns it fell between."""
+    left, top, right, bottom = 64, 16, 16, 28
+    plot_w, plot_h = width - left - right, height - top - bottom
+    window = max(1, int(history["window"]))
+    turns = [t for t in history["turns"] if t["tokens"] is not None]
+    slots = max(1, len(turns))
+
+    def x_at(position: float) -> float:
+        return left + plot_w * (position + 0.5) / slots
+
+    def y_at(tokens: int) -> float:
+        return top + plot_h * (1 - min(tokens, window) / window)
+
+    times = [_aware(t["at"]) for t in turns]
+
+    def between(at: datetime) -> float:
+        """Position of an event among the turns: just before the first turn that ended later."""
+        later = next((i for i, t in enumerate(times) if t >= _aware(at)), len(times))
+        return later - 0.5
+
+    points = [
+        ChartPoint(
+            x_at(i), y_at(int(t["tokens"])), i + 1, int(t["tokens"]),
+            f"turn {i + 1}: {int(t['tokens']):,} prompt tokens"
+            + (" (gateway count)" if t["prompt_tokens"] is None else "")
+            + (f" — failed: {t['error']}" if t["error"] else ""),
+        )
+        for i, t in enumerate(turns)
+    ]
+    markers = [
+        ChartMarker(
+            x_at(between(c["at"])), "compaction",
+            f"compaction #{c['id']}: {c['tokens_before']:,} → {c['tokens_after']:,} tokens",
+        )
+        for c in history["compactions"]
+    ] + [
+        ChartMarker(
+            x_at(between(f["at"])), "flush" if f["ok"] else "flush-failed",
+            f"memory flush (cycle {f['cycle']}): "
+            + (f"{f['notes']} notes written" if f["ok"] else "failed"),
+        )
+        for f in history["flushes"]
+    ]
+    compact_at, flush_at = int(history["compact_at"]), int(history["flush_at"])
+    lines = [
+        ChartLine(y_at(window), "window", window, f"window {window:,} tokens"),
+        ChartLine(y_at(compact_at), "compact", compact_at, f"compaction at {compact_at:,}"),
+        ChartLine(y_at(flush_at), "flush", flush_at, f"memory flush at {flush_at:,}"),
+    ]
+    return TokenChart(width, height, left, top, plot_w, plot_h, points, markers, lines)
+
+
+def _safe_next(target: str | None) -> str:
+    """Only a path inside /admin/ may be a post-login destination (no open redirect)."""
+    if not target:
+        return "/admin/"
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc or not parts.path.startswith("/admin/"):
+        return "/admin/"
+    return target
+
+
+def _number(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int | float) else ("-" if value is None else str(value))
+
+
+def _when(value: Any) -> str:
+    if isinstance(value, datetime):
+        return _aware(value).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return str(value or "")
+
+
+class AdminUI:
+    """Handlers for `/admin/`, bound to one live gateway."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.auth = AdminAuth(gateway.config.web)
+        self.env = Environment(
+            loader=PackageLoader("gateway", "templates/admin"),
+            autoescape=select_autoescape(["html"]),
+            trim_blocks=True,
+            lstrip_blocks=True,
+            undefined=StrictUndefined,  # a typo in a template is an error, not an empty cell
+        )
+        self.env.filters["num"] = _number
+        self.env.filters["when"] = _when
+        self.env.filters["q"] = lambda value: quote(str(value), safe="")
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def render(self, name: str, request: web.Request, status: int = 200, **context: Any) -> web.Response:
+        html = self.env.get_template(name).render(
+            auth=request.get(AUTH_KEY, ""), request_path=request.path, **context
+        )
+        return web.Response(text=html, content_type="text/html", status=status)
+
+    @cached_property
+    def htmx(self) -> bytes:
+        return (resources.files("gateway") / "static" / "admin" / "htmx.min.js").read_bytes()
+
+    @web.middleware
+    async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Authentication for every /admin/ route, and a same-origin check on cookie POSTs."""
+        if request.path in ("/admin/login", "/admin/static/htmx.min.js"):
+            if not self.auth.enabled:
+                return self._off()
+            return await handler(request)
+        result, how = self.auth.check(request)
+        if result == "off":
+            return self._off()
+        if result == "wrong":
+            return web.json_response(
+                {"error": "wrong admin token"}, status=401,
+                headers={"WWW-Authenticate": 'Bearer realm="gatehouse-admin", error="invalid_token"'},
+            )
+        if result == "missing":
+            if request.method == "GET" and "text/html" in request.headers.get("Accept", ""):
+                target = quote(request.path_qs, safe="")
+                raise web.HTTPFound(f"/admin/login?next={target}")
+            return web.json_response(
+                {"error": "log in at /admin/login or send Authorization: Bearer <admin_token>"},
+                status=401, headers={"WWW-Authenticate": 'Bearer realm="gatehouse-admin"'},
+            )
+        if how == "cookie" and request.method not in ("GET", "HEAD") and not _same_origin(request):
+            return web.json_response({"error": "cross-site request refused"}, status=403)
+        request[AUTH_KEY] = how
+        return await handler(request)
+
+    def _off(self) -> web.Response:
+        return web.Response(
+            status=403,
+            text="The admin UI is off. Set [web] admin_token in gatehouse.toml (at least 16 "
+            "characters, e.g. \"${GATEHOUSE_ADMIN_TOKEN}\"), or admin_anonymous = true with "
+            "host = \"127.0.0.1\", and restart the gateway.\n",
+        )
+
+    # -- login --------------------------------------------------------------------------------
+
+    async def login_form(self, request: web.Request) -> web.Response:
+        if self.auth.anonymous and self.auth.check(request)[0] == "ok":
+            raise web.HTTPFound("/admin/")
+        return self.render(
+            "login.html", request, next=_safe_next(request.query.get("next")), error=None
+        )
+
+    async def login(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        target = _safe_next(str(form.get("next") or ""))
+        if not self.auth.token_matches(str(form.get("token") or "")):
+            return self.render(
+                "login.html", request, status=401, next=target,
+                error="That is not the admin token ([web] admin_token).",
+            )
+        response = web.HTTPSeeOther(target)
+        response.set_cookie(
+            COOKIE, self.auth.issue_cookie(), max_age=COOKIE_TTL_SECONDS, path="/admin/",
+            httponly=True, samesite="Strict", secure=request.secure,
+        )
+        raise response
+
+    async def logout(self, request: web.Request) -> web.Response:
+        response = web.HTTPSeeOther("/admin/login")
+        response.del_cookie(COOKIE, path="/admin/")
+        raise response
+
+    async def static_htmx(self, _request: web.Request) -> web.Response:
+        return web.Response(
+            body=self.htmx, content_type="application/javascript",
+            headers={"Cache-Control": "public, max-age=86400"},
+        )
+
+    # -- pages --------------------------------------------------------------------------------
+
+    async def sessions(self, request: web.Request) -> web.Response:
+        rows = await operations.session_overview(self.gateway)
+        return self.render("sessions.html", request, sessions=rows,
+                           llm_model=self.gateway.llm.model)
+
+    async def session(self, request: web.Request) -> web.Response:
+        key = request.query.get("key", "")
+        detail = await operations.session_detail(self.gateway, key, show_all=True)
+        if detail is None:
+            return self.render("missing.html", request, status=404, key=key)
+        history = await operations.token_history(self.gateway, key)
+        facts = await operations.explain(self.gateway, key, fetch_metadata=False)
+        assert history is not None and facts is not None
+        messages = detail["messages"]
+        return self.render(
+            "session.html", request,
+            s=detail, facts=facts, chart=token_chart(history),
+            messages=messages[-TRANSCRIPT_LIMIT:], hidden=max(0, len(messages) - TRANSCRIPT_LIMIT),
+            compactions=detail["compactions"][::-1], outcome=None,
+        )
+
+    async def compact(self, request: web.Request) -> web.StreamResponse:
+        key = request.query.get("key", "")
+        form = await request.post()
+        instructions = str(form.get("instructions") or "").strip()
+        try:
+            outcome = await operations.compact(self.gateway, key, instructions)
+        except KeyError:
+            return self.render("missing.html", request, status=404, key=key)
+        if request.headers.get("HX-Request") != "true":
+            raise web.HTTPSeeOther(f"/admin/session?key={quote(key, safe='')}")
+        detail = await operations.session_detail(self.gateway, key, show_all=True)
+        assert detail is not None
+        return self.render(
+            "_compactions.html", request, s=detail, compactions=detail["compactions"][::-1],
+            outcome=outcome,
+        )
+
+    async def memory(self, request: web.Request) -> web.Response:
+        query = request.query.get("q", "").strip()
+        corpus = CORPORA.get(request.query.get("corpus", ""), "notes")
+        workspace = self.gateway.config.workspace
+        files = await asyncio.to_thread(list_workspace_files, workspace)
+        hits: list[dict[str, Any]] = []
+        if query:
+            index = self.gateway.memory_index
+
+            def search() -> list[Any]:
+                index.refresh()
+                return index.search(query, limit=20, corpus=corpus)
+
+            hits = [
+                {**asdict(h), "location": h.location} for h in await asyncio.to_thread(search)
+            ]
+        return self.render(
+            "memory.html", request, files=files, hits=hits, query=query, corpus=corpus,
+            workspace=workspace,
+        )
+
+    async def memory_file(self, request: web.Request) -> web.Response:
+        path = request.query.get("path", "")
+        try:
+            start = max(1, int(request.query.get("start", "1")))
+        except ValueError:
+            start = 1
+        try:
+            result = await asyncio.to_thread(
+                read_lines, self.gateway.config.workspace, path, start, None
+            )
+        except (WorkspacePathError, NoteError, ValueError, OSError) as exc:
+            return self.render("memory_file.html", request, status=404, path=path, error=str(exc),
+                               result=None)
+        return self.render("memory_file.html", request, path=path, result=result, error=None)
+
+    async def pairing(self, request: web.Request) -> web.Response:
+        rows = await self.gateway.store.list_pairings()
+        now = utcnow()
+        pending = [r for r in rows if r.status == "pending" and _aware(r.expires_at) > now]
+        decided = [r for r in rows if r not in pending][::-1][:50]
+        return self.render("pairing.html", request, pending=pending, decided=decided,
+                           message=request.query.get("message"))
+
+    async def decide(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        code = str(form.get("code") or "")
+        decision = str(form.get("decision") or "")
+        if decision not in ("approved", "denied"):
+            return web.json_response({"error": "decision must be approved or denied"}, status=422)
+        row = await self.gateway.store.decide_pairing(code, decision)
+        if row is None:
+            message = f"No pending, unexpired pairing code {code!r}."
+        else:
+            message = f"{decision.capitalize()} {row.platform} user {row.sender_name or row.sender_id}."
+        raise web.HTTPSeeOther(f"/admin/pairing?message={quote(message, safe='')}")
+
+
+def _same_origin(request: web.Request) -> bool:
+    """A cookie-authenticated POST must come from our own pages (SameSite is the first line)."""
+    source = request.headers.get("Origin") or request.headers.get("Referer")
+    if not source or source == "null":
+        return False
+    return urlsplit(source).netloc == request.host
+
+
+async def _to_admin(_request: web.Request) -> web.Response:
+    raise web.HTTPPermanentRedirect("/admin/")
+
+
+def add_admin_routes(app: web.Application, gateway: Gateway) -> AdminUI:
+    """Mount the admin UI under /admin/ on the gateway's web app."""
+    ui = AdminUI(gateway)
+    admin = web.Application(middlewares=[ui.guard])
+    admin.router.add_get("/", ui.sessions)
+    admin.router.add_get("/login", ui.login_form)
+    admin.router.add_post("/login", ui.login)
+    admin.router.add_post("/logout", ui.logout)
+    admin.router.add_get("/static/htmx.min.js", ui.static_htmx)
+    admin.router.add_get("/session", ui.session)
+    admin.router.add_post("/session/compact", ui.compact)
+    admin.router.add_get("/memory", ui.memory)
+    admin.router.add_get("/memory/file", ui.memory_file)
+    admin.router.add_get("/pairing", ui.pairing)
+    admin.router.add_post("/pairing/decide", ui.decide)
+    app.router.add_get("/admin", _to_admin)
+    app.add_subapp("/admin/", admin)
+    return ui

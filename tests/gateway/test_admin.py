@@ -1,0 +1,276 @@
+"""The admin UI over a real socket: access control, pages, compaction, memory, pairing."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import pytest
+from markupsafe import escape
+from yarl import URL
+
+from gateway.access import new_code
+from gateway.admin import COOKIE, AdminAuth, _safe_next, token_chart
+from gateway.app import Gateway
+from gateway.config import ConfigError, WebSection
+from gateway.store import PairingRow
+from gateway.web import WebServer, build_app
+from tests.conftest import MakeConfig, RunningGateway
+from tests.fakes import FakeOpenAI
+from tests.gateway.test_memory_flush import FILLER, KEY, scripted
+
+TOKEN = "admin-token-0123456789"
+
+
+class Admin:
+    def __init__(self, rg: RunningGateway, url: str) -> None:
+        self.rg = rg
+        self.url = url
+
+    async def get(
+        self, path: str, headers: dict[str, str] | None = None, **kw: Any
+    ) -> tuple[int, str, aiohttp.ClientResponse]:
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as http:
+            async with http.get(f"{self.url}{path}", headers=headers or {},
+                                allow_redirects=False, **kw) as r:
+                return r.status, await r.text(), r
+
+    async def post(
+        self, path: str, data: dict[str, str], headers: dict[str, str] | None = None
+    ) -> tuple[int, str, aiohttp.ClientResponse]:
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as http:
+            async with http.post(f"{self.url}{path}", data=data, headers=headers or {},
+                                 allow_redirects=False) as r:
+                return r.status, await r.text(), r
+
+
+BEARER = {"Authorization": f"Bearer {TOKEN}"}
+
+
+async def serve(make_config: MakeConfig, fake: FakeOpenAI, **web: Any) -> AsyncIterator[Admin]:
+    config = make_config(
+        fake, web=web, models={"fake-model": {"context_window": 16_000}},
+        context={"recent_turns": 2}, channels={"webchat": {"dm_history_limit": 40}},
+    )
+    rg = RunningGateway(Gateway(config))
+    await rg.gateway.start()
+    server = WebServer(build_app(rg.gateway, rg.webchat), "127.0.0.1", 0)
+    url = await server.start()
+    try:
+        yield Admin(rg, url)
+    finally:
+        await server.stop()
+        await rg.gateway.stop()
+
+
+@pytest.fixture
+async def admin(make_config: MakeConfig) -> AsyncIterator[Admin]:
+    async with FakeOpenAI(default=scripted) as fake:
+        async for a in serve(make_config, fake, admin_token=TOKEN):
+            yield a
+
+
+async def test_admin_is_off_without_a_token_and_says_how_to_turn_it_on(
+    make_config: MakeConfig, fake_llm: FakeOpenAI
+) -> None:
+    async for a in serve(make_config, fake_llm):
+        status, body, _ = await a.get("/admin/", headers=BEARER)
+        assert status == 403
+        assert "[web] admin_token" in body
+        status, body, _ = await a.get("/admin/login")
+        assert status == 403
+
+
+async def test_unauthenticated_browser_is_redirected_to_login_and_api_gets_401(
+    admin: Admin,
+) -> None:
+    status, _, r = await admin.get("/admin/session?key=x", headers={"Accept": "text/html"})
+    assert status == 302
+    location = URL(r.headers["Location"])
+    assert location.path == "/admin/login"
+    assert location.query["next"] == "/admin/session?key=x"
+    status, body, r = await admin.get("/admin/")
+    assert status == 401
+    assert r.headers["WWW-Authenticate"].startswith("Bearer")
+    assert "admin_token" in body
+    status, body, _ = await admin.get("/admin/", headers={"Authorization": "Bearer wrong-token"})
+    assert status == 401
+    assert "wrong admin token" in body
+    status, _, _ = await admin.get("/admin/", headers={"Authorization": f"Basic {TOKEN}"})
+    assert status == 401
+    status, body, _ = await admin.get("/admin/", headers=BEARER)
+    assert status == 200
+    assert "Sessions" in body
+    status, _, r = await admin.get("/admin")
+    assert status == 308 and r.headers["Location"] == "/admin/"
+
+
+async def test_login_form_sets_a_signed_cookie_and_logout_clears_it(admin: Admin) -> None:
+    status, body, _ = await admin.post("/admin/login", {"token": "nope", "next": "/admin/"})
+    assert status == 401
+    assert "not the admin token" in body
+    status, _, r = await admin.post("/admin/login", {"token": TOKEN, "next": "/admin/pairing"})
+    assert status == 303 and r.headers["Location"] == "/admin/pairing"
+    cookie = r.cookies[COOKIE]
+    assert TOKEN not in cookie.value
+    assert cookie["httponly"] and cookie["samesite"] == "Strict" and cookie["path"] == "/admin/"
+    jar = {"Cookie": f"{COOKIE}={cookie.value}"}
+    assert (await admin.get("/admin/", headers=jar))[0] == 200
+    flipped = "1" if cookie.value[-1] == "0" else "0"
+    tampered = {"Cookie": f"{COOKIE}={cookie.value[:-1]}{flipped}"}
+    assert (await admin.get("/admin/", headers=tampered))[0] == 401
+    # A cookie-authenticated POST must come from our own pages.
+    status, body, _ = await admin.post("/admin/logout", {}, headers=jar)
+    assert status == 403 and "cross-site" in body
+    status, _, r = await admin.post(
+        "/admin/logout", {}, headers={**jar, "Origin": admin.url}
+    )
+    assert status == 303 and r.cookies[COOKIE].value == ""
+    # The login page never redirects off-site.
+    status, _, r = await admin.post("/admin/login", {"token": TOKEN, "next": "//evil.example/"})
+    assert r.headers["Location"] == "/admin/"
+
+
+def test_cookie_expires_and_changing_the_token_invalidates_it() -> None:
+    auth = AdminAuth(WebSection(admin_token=TOKEN))
+    now = time.time()
+    cookie = auth.issue_cookie(now)
+    assert auth.cookie_valid(cookie, now + 60)
+    assert not auth.cookie_valid(cookie, now + 13 * 3600)
+    assert not AdminAuth(WebSection(admin_token=TOKEN + "x")).cookie_valid(cookie, now)
+    assert not auth.cookie_valid("garbage", now)
+    assert _safe_next("https://evil.example/admin/") == "/admin/"
+    assert _safe_next("/elsewhere") == "/admin/"
+    assert _safe_next("/admin/memory?q=x") == "/admin/memory?q=x"
+
+
+def test_anonymous_admin_only_on_loopback(make_config: MakeConfig) -> None:
+    with pytest.raises(ConfigError, match=r"admin_anonymous = true needs host"):
+        make_config(web={"admin_anonymous": True, "host": "0.0.0.0"})
+    with pytest.raises(ConfigError, match="at least 16 characters"):
+        make_config(web={"admin_token": "short"})
+    assert make_config(web={"admin_anonymous": True}).web.admin_anonymous
+
+
+async def test_anonymous_access_is_refused_through_a_proxy(
+    make_config: MakeConfig, fake_llm: FakeOpenAI
+) -> None:
+    async for a in serve(make_config, fake_llm, admin_anonymous=True):
+        assert (await a.get("/admin/"))[0] == 200
+        assert (await a.get("/admin/", headers={"X-Forwarded-For": "203.0.113.9"}))[0] == 401
+
+
+async def test_sessions_list_and_session_page_show_pressure_chart_and_compaction(
+    admin: Admin,
+) -> None:
+    await admin.rg.ask("Remember ticket ORD-1042. " + FILLER)
+    for i in range(6):
+        await admin.rg.ask(f"message {i} " + FILLER)
+    status, body, _ = await admin.get("/admin/", headers=BEARER)
+    assert status == 200
+    assert KEY in body
+    assert re.search(r'<meter min="0" max="16000" low="\d+" high="\d+"', body)
+    assert "last 40 user turns" in body
+    assert "[channels.webchat] dm_history_limit" in body, "where the limit comes from"
+
+    status, page, _ = await admin.get(f"/admin/session?key={quote(KEY, safe='')}", headers=BEARER)
+    assert status == 200
+    assert page.count('class="turn"') == 7, "one chart point per turn"
+    assert 'class="marker-compaction"' in page, "the automatic compaction is marked"
+    assert 'class="marker-flush"' in page, "the memory flush before it is marked"
+    assert "Remember ticket ORD-1042." in page, "the transcript keeps compacted originals"
+    assert "compacted" in page
+    assert 'id="compaction-history"' in page
+
+    # Compact now, the way htmx posts it: the panel comes back with the new summary.
+    for i in range(3):
+        await admin.rg.ask(f"short question {i}")
+    store = admin.rg.gateway.store
+    session = await store.get_session(KEY)
+    assert session is not None and session.id is not None
+    before = len(await store.compactions(session.id))
+    status, panel, _ = await admin.post(
+        f"/admin/session/compact?key={quote(KEY, safe='')}", {"instructions": "focus on tickets"},
+        headers={**BEARER, "HX-Request": "true"},
+    )
+    assert status == 200
+    assert panel.startswith('<div id="compactions">')
+    assert "Compacted the conversation" in panel
+    rows = await store.compactions(session.id)
+    assert len(rows) == before + 1
+    assert str(escape(rows[-1].summary)) in panel
+    assert rows[-1].quality["reason"] == "manual"
+
+    status, _, r = await admin.post(
+        f"/admin/session/compact?key={quote(KEY, safe='')}", {}, headers=BEARER
+    )
+    assert status == 303 and r.headers["Location"].startswith("/admin/session?key=")
+    status, _, _ = await admin.get("/admin/session?key=nope", headers=BEARER)
+    assert status == 404
+
+
+async def test_memory_browser_searches_notes_and_refuses_escapes(admin: Admin) -> None:
+    workspace = admin.rg.gateway.config.workspace
+    (workspace / "memory" / "2026-01-02.md").write_text(
+        "- Deploy window is Monday 09:00; ticket ORD-5521.\n", encoding="utf-8"
+    )
+    status, body, _ = await admin.get("/admin/memory?q=ORD-5521", headers=BEARER)
+    assert status == 200
+    assert "memory/2026-01-02.md:1-1" in body
+    assert "AGENTS.md" in body, "the file list"
+    status, body, _ = await admin.get(
+        "/admin/memory/file?path=memory/2026-01-02.md", headers=BEARER
+    )
+    assert status == 200 and "Deploy window is Monday" in body
+    status, body, _ = await admin.get("/admin/memory/file?path=../../etc/passwd", headers=BEARER)
+    assert status == 404 and "root:" not in body
+
+
+async def test_pairing_requests_are_approved_from_the_admin_ui(admin: Admin) -> None:
+    store = admin.rg.gateway.store
+    code = new_code()
+    await store.add_pairing(PairingRow(
+        platform="telegram", sender_id="777", sender_name="Zoe", code=code,
+        expires_at=datetime.now(UTC) + timedelta(hours=1),
+    ))
+    status, body, _ = await admin.get("/admin/pairing", headers=BEARER)
+    assert status == 200 and code in body and "Zoe" in body
+    status, _, r = await admin.post(
+        "/admin/pairing/decide", {"code": code, "decision": "approved"}, headers=BEARER
+    )
+    assert status == 303
+    status, body, _ = await admin.get(r.headers["Location"], headers=BEARER)
+    assert "Approved telegram user Zoe." in body
+    assert await store.approved_senders("telegram") == {"777"}
+    status, _, r = await admin.post(
+        "/admin/pairing/decide", {"code": code, "decision": "approved"}, headers=BEARER
+    )
+    status, body, _ = await admin.get(r.headers["Location"], headers=BEARER)
+    assert "No pending, unexpired pairing code" in body
+
+
+def test_token_chart_places_events_between_the_turns_they_fell_between() -> None:
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    turns = [
+        {"at": t0 + timedelta(minutes=i), "tokens": n, "prompt_tokens": n, "error": None,
+         "local_prompt_tokens": n, "reply_seq": i}
+        for i, n in enumerate([1000, 5000, 9000, 2000])
+    ]
+    chart = token_chart({
+        "window": 10_000, "compact_at": 8_000, "flush_at": 6_000, "turns": turns,
+        "compactions": [{"at": t0 + timedelta(minutes=2, seconds=-5), "id": 1,
+                         "tokens_before": 9000, "tokens_after": 1500}],
+        "flushes": [{"at": t0 + timedelta(minutes=2, seconds=-10), "cycle": 0, "ok": True,
+                     "notes": 2}],
+    })
+    xs = [p.x for p in chart.points]
+    compaction = next(m for m in chart.markers if m.kind == "compaction")
+    assert xs[1] < compaction.x < xs[2]
+    assert chart.points[0].y > chart.points[2].y, "more tokens are higher up"
+    window_line = next(line for line in chart.lines if line.kind == "window")
+    assert window_line.y == chart.top
