@@ -130,8 +130,15 @@ HISTORY = _select(
     "session_id = :session_id AND seq IS NOT NULL AND seq > :after ORDER BY seq",
 )
 _RECORDED = [c for c in TurnRecordRow.model_fields if c != "id"]
+
+
+def _quoted(column: str) -> str:
+    """A column name as an SQL identifier (`window` is reserved in PostgreSQL)."""
+    return f'"{column}"'
+
+
 INSERT_TURN_RECORD = (
-    f"INSERT INTO turn_records ({', '.join(_RECORDED)}) "
+    f"INSERT INTO turn_records ({', '.join(map(_quoted, _RECORDED))}) "
     f"VALUES ({', '.join(':' + c for c in _RECORDED)})"
 )
 COUNT_TURN = (
