@@ -13,11 +13,13 @@ Transport (all of it is bolt / slack-sdk; nothing here re-implements it):
 - ``settings.base_url`` is the Web API base (default ``https://slack.com/api/``); a trailing slash
   is added when missing, because slack-sdk joins method names onto it.
 
-Ack timing: bolt acks an event *before* our listener runs (HTTP: the 200 goes out first;
-Socket Mode: the envelope ack is sent as soon as the listener is scheduled). The listener then
-awaits ``on_message``, which persists the message, so a crash in the window between the ack and
-the persist loses that message. Making the ack wait for the persist is later crash-safety work
-(bolt's ``process_before_response``). ``stop()`` waits briefly for in-flight handlers.
+Ack timing: acked only after the message is persisted. The app runs with bolt's
+``process_before_response``, so bolt awaits our listener -- which awaits ``on_message``, the
+gateway's persist -- before it answers: HTTP mode sends the 200 after it, Socket Mode sends the
+envelope ack after it. A crash before the persist leaves the event unacknowledged and Slack
+delivers it again (the gateway deduplicates by ``ts``); if ``on_message`` raises, HTTP answers
+500 and Socket Mode sends no ack, so Slack retries too. Persisting takes milliseconds, well
+inside Slack's 3-second ack deadline. ``stop()`` waits briefly for in-flight handlers.
 
 Events:
 
@@ -282,7 +284,7 @@ class SlackChannel:
             logger=log,
             signing_secret=settings.signing_secret or "",
             request_verification_enabled=self.mode == "http",
-            process_before_response=False,
+            process_before_response=True,  # ack after the persist (see the module docstring)
         )
         self.app.event("message")(self._on_message_event)
         self.app.event("app_mention")(self._on_mention_event)
@@ -509,8 +511,9 @@ class SlackChannel:
         try:
             await handler(msg)
         except Exception:
-            self._seen.pop(key, None)  # let a redelivery try again
-            log.exception("slack: handling message %s failed", key)
+            # Not persisted: no ack (bolt answers 500 and logs it), so Slack delivers it again.
+            self._seen.pop(key, None)
+            raise
         finally:
             if task is not None:
                 self._inflight.discard(task)

@@ -13,6 +13,7 @@ from gateway.context_setup import ContextResolver
 from gateway.engines import load_engine
 from gateway.llm import NOT_CONFIGURED, LLMProvider
 from gateway.memory_tools import MemoryFlush, MemoryTools
+from gateway.outbox import DeliveryLog
 from gateway.queue import LanesClosedError, SessionLanes
 from gateway.runner import Runner
 from gateway.sessions import SessionKeyer
@@ -59,6 +60,8 @@ class Gateway:
         self.lanes = SessionLanes(self.runner.run_turn, config.gateway.max_concurrent_turns)
         self.access = AccessPolicy(config, self.store)
         self.runner.typing = self.typing
+        self.delivery = DeliveryLog(config.data_dir, self.store)
+        self.runner.delivery = self.delivery
         if config.memory.archive_transcripts:
             self.runner.archive = self._archive_transcript
         self._started = False
@@ -83,11 +86,16 @@ class Gateway:
     async def start(self) -> None:
         """Open the store and workspace, start channels, resume any unanswered messages."""
         await self.open()
+        unsent = await self.delivery.recover()
         if not self.llm.configured:
             log.warning(NOT_CONFIGURED)
         for channel in self.channels.values():
             await channel.start(self.handle_inbound)
         self._started = True
+        for outbox_id, message in unsent:
+            log.info("sending a reply the last run stored but did not send (%s)", message.session_key)
+            await self.deliver(message)
+            self.delivery.sent(outbox_id)
         for session in await self.store.sessions_with_pending():
             log.info("resuming unanswered messages in %s", session.key)
             self.lanes.notify(session.key)
@@ -95,6 +103,7 @@ class Gateway:
     async def stop(self, grace: float = 10.0) -> None:
         """Finish in-flight turns (or record them as interrupted), then close everything."""
         await self.lanes.close(grace)
+        await self.delivery.close()
         for channel in self.channels.values():
             try:
                 await channel.stop()

@@ -35,6 +35,7 @@ from gateway.config import Config
 from gateway.context_setup import ContextResolver, Conversation
 from gateway.llm import ContextOverflowError, LLMError, LLMProvider
 from gateway.memory_tools import MemoryFlush
+from gateway.outbox import DeliveryLog
 from gateway.store import CompactionRow, MessageRow, SessionRow, Store, TurnUsage, row_to_message
 from gateway.tools import ToolContext, ToolRegistry
 from memory.agents_md import AgentsFile
@@ -111,6 +112,7 @@ class Runner:
         self.flush = flush
         self.typing: Typing | None = None
         self.archive: Archive | None = None
+        self.delivery: DeliveryLog | None = None
         self.agents = AgentsFile(config.workspace / "AGENTS.md")
         self.on_turn: Callable[[TurnStats], None] | None = None
         self.last_plan: dict[str, ContextPlan] = {}
@@ -154,7 +156,18 @@ class Runner:
         reply_message = reply_message.with_tokens(
             self.resolver.counter.count_message(reply_message)
         )
-        await self.store.finish_turn(
+        outbound = OutboundMessage(
+            platform=last.platform or session.platform,
+            chat_id=last.chat_id or session.chat_id,
+            thread_id=session.thread_id,
+            text=reply,
+            session_key=session_key,
+            reply_to=last.platform_message_id,
+            answers=tuple(r.platform_message_id for r in claimed if r.platform_message_id),
+        )
+        # The reply enters the outbox with the turn's commit and leaves it once sent: a crash in
+        # between never loses it (`Gateway.start` sends what is left; see gateway/outbox.py).
+        outbox_id = await self.store.finish_turn(
             session.id,
             reply_message,
             (r.id for r in claimed if r.id is not None),
@@ -162,21 +175,17 @@ class Runner:
             reply_status=status,
             error=stats.error,
             token_ratio=_calibrated_ratio(self.resolver, session_key),
+            outbound=outbound,
         )
         stats.seconds = time.perf_counter() - started
         if self.on_turn is not None:
             self.on_turn(stats)
-        await self.deliver(
-            OutboundMessage(
-                platform=last.platform or session.platform,
-                chat_id=last.chat_id or session.chat_id,
-                thread_id=session.thread_id,
-                text=reply,
-                session_key=session_key,
-                reply_to=last.platform_message_id,
-                answers=tuple(r.platform_message_id for r in claimed if r.platform_message_id),
-            )
-        )
+        await self.deliver(outbound)
+        if outbox_id is not None:
+            if self.delivery is not None:
+                self.delivery.sent(outbox_id)
+            else:
+                await self.store.forget_outbox([outbox_id])
 
     async def _converse(
         self, session: SessionRow, claimed: list[MessageRow], stats: TurnStats

@@ -16,15 +16,22 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event, func, or_, update
+from sqlalchemy import delete, event, func, or_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlmodel import SQLModel, col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from channels.base import InboundMessage
+from channels.base import InboundMessage, OutboundMessage
 from context.types import Message, ToolCall
-from gateway.store.models import CompactionRow, MessageRow, PairingRow, SessionRow, utcnow
+from gateway.store.models import (
+    CompactionRow,
+    MessageRow,
+    OutboxRow,
+    PairingRow,
+    SessionRow,
+    utcnow,
+)
 
 CONTEXT_STATUS = "context"
 """An unmentioned group message: stored, shown to the model with the next mention."""
@@ -74,6 +81,33 @@ def _message_row(session_id: int, seq: int, m: Message, status: str | None) -> M
         name=m.name,
         tokens=m.tokens,
         status=status,
+    )
+
+
+def _outbox_row(session_id: int, message: OutboundMessage) -> OutboxRow:
+    return OutboxRow(
+        session_id=session_id,
+        session_key=message.session_key,
+        platform=message.platform,
+        chat_id=message.chat_id,
+        thread_id=message.thread_id,
+        account=message.account,
+        reply_to=message.reply_to,
+        answers=list(message.answers),
+        text=message.text,
+    )
+
+
+def _outbound(row: OutboxRow) -> OutboundMessage:
+    return OutboundMessage(
+        platform=row.platform,
+        chat_id=row.chat_id,
+        text=row.text,
+        session_key=row.session_key,
+        thread_id=row.thread_id,
+        reply_to=row.reply_to,
+        account=row.account,
+        answers=tuple(row.answers or ()),
     )
 
 
@@ -297,12 +331,21 @@ class Store:
         reply_status: str | None = None,
         error: str | None = None,
         token_ratio: float | None = None,
-    ) -> None:
-        """Store the reply, mark the turn's inbound messages answered and count usage: atomically."""
+        outbound: OutboundMessage | None = None,
+    ) -> int | None:
+        """Store the reply, mark the turn's inbound messages answered and count usage: atomically.
+
+        With `outbound`, the reply also goes into the outbox in the same transaction; the
+        returned outbox id is reported to `gateway.outbox.DeliveryLog` once the channel sent it.
+        """
         ids = list(handled_ids)
+        pending: OutboxRow | None = None
         async with self._write() as db:
             seq = await self._allocate_seqs(db, session_id, 1)
             db.add(_message_row(session_id, seq, reply, reply_status))
+            if outbound is not None:
+                pending = _outbox_row(session_id, outbound)
+                db.add(pending)
             if ids:
                 stmt = update(MessageRow).where(col(MessageRow.id).in_(ids))
                 await db.exec(stmt.values(handled=True, status=None))
@@ -315,6 +358,23 @@ class Store:
             if usage.completion_tokens is not None:
                 values["tokens_out"] = SessionRow.tokens_out + usage.completion_tokens
             await db.exec(update(SessionRow).where(col(SessionRow.id) == session_id).values(**values))
+        return pending.id if pending is not None else None
+
+    # -- outbox -----------------------------------------------------------------------------
+
+    async def forget_outbox(self, outbox_ids: Iterable[int]) -> None:
+        """These replies were sent: drop them from the outbox."""
+        ids = list(outbox_ids)
+        if not ids:
+            return
+        async with self._write() as db:
+            await db.exec(delete(OutboxRow).where(col(OutboxRow.id).in_(ids)))
+
+    async def undelivered(self) -> list[tuple[int, OutboundMessage]]:
+        """Replies stored by a finished turn that no channel confirmed sending (a crash)."""
+        async with self._sessions() as db:
+            rows = (await db.exec(select(OutboxRow).order_by(col(OutboxRow.id)))).all()
+        return [(row.id, _outbound(row)) for row in rows if row.id is not None]
 
     async def history(self, session_id: int, after_seq: int = 0) -> list[Message]:
         async with self._sessions() as db:
