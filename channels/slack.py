@@ -224,15 +224,26 @@ _MALFORMED_EVENT = "gatehouse_malformed_event"
 
 
 def _sanitize_body(body: Any) -> dict[str, Any] | None:
-    """The request body with a non-object ``event`` replaced; None when it is not an object."""
+    """The request body with a malformed ``event`` replaced; None when it is not an object.
+
+    Bolt's listener matchers read ``event.type`` (and ``subtype``) as strings and raise on
+    anything else -- a 500 or a missing ack, so Slack would redeliver the poison forever.
+    """
     if not isinstance(body, dict):
         log.warning("slack: ignoring a malformed request (body is a %s)", type(body).__name__)
         return None
-    if body.get("type") == "event_callback" and not isinstance(body.get("event"), dict):
-        log.warning(
-            "slack: ignoring a malformed event_callback (event is a %s)",
-            type(body.get("event")).__name__,
-        )
+    if body.get("type") != "event_callback":
+        return body
+    event = body.get("event")
+    problem = None
+    if not isinstance(event, dict):
+        problem = f"event is a {type(event).__name__}"
+    elif not isinstance(event.get("type"), str):
+        problem = f"event type is a {type(event.get('type')).__name__}"
+    elif event.get("subtype") is not None and not isinstance(event["subtype"], str):
+        problem = f"event subtype is a {type(event['subtype']).__name__}"
+    if problem is not None:
+        log.warning("slack: ignoring a malformed event_callback (%s)", problem)
         return {**body, "event": {"type": _MALFORMED_EVENT}}
     return body
 
@@ -464,6 +475,7 @@ class SlackChannel:
             if isinstance(f, dict)
         )
         if not text and not attachments:
+            log.debug("slack: ignoring %s event with neither text nor files", event.get("type"))
             return None
         ts = str(event.get("ts") or event.get("event_ts") or "")
         thread_ts = event.get("thread_ts")

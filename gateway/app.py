@@ -20,7 +20,7 @@ from gateway.sessions import SessionKeyer
 from gateway.store import SessionInfo, Store
 from gateway.store.db import CONTEXT_STATUS
 from gateway.summarizer import make_summary_call, summary_provider
-from gateway.text import clean_text
+from gateway.text import clean_inbound, clean_text
 from gateway.tools import ToolRegistry, default_registry
 from memory.index import MemoryIndex
 from memory.workspace import ensure_workspace
@@ -114,6 +114,7 @@ class Gateway:
 
     async def handle_inbound(self, msg: InboundMessage) -> InboundResult:
         """Persist first, then wake the session's lane. Bad input gets a polite answer."""
+        msg = clean_inbound(msg)
         text, problem = clean_text(msg.text, self.config.gateway.max_message_chars)
         key = self.keyer.key_for(msg)
         if problem is not None:

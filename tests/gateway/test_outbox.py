@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from channels.base import OutboundMessage
@@ -48,7 +49,7 @@ async def test_reply_is_in_the_outbox_with_the_turn_until_logged_as_sent(tmp_pat
     restarted.sent(second)
     await restarted.close()
     assert await store.undelivered() == []
-    assert list(tmp_path.glob(LOG_GLOB)) == []
+    assert await asyncio.to_thread(lambda: list(tmp_path.glob(LOG_GLOB))) == []
     await store.close()
 
 
