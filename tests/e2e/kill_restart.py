@@ -111,11 +111,11 @@ class CrashTrial:
         }
 
 
-def write_config(directory: Path, llm: FakeOpenAI, tg: FakeTelegram) -> Path:
+def write_config(directory: Path, llm: FakeOpenAI, tg: FakeTelegram, api_key: str = "x") -> Path:
     path = directory / "gatehouse.toml"
     path.write_text(
         f'[gateway]\ndata_dir = "data"\n[web]\nport = 0\n'
-        f'[llm]\nbase_url = "{llm.base_url}"\napi_key = "x"\nmodel = "fake-model"\n'
+        f'[llm]\nbase_url = "{llm.base_url}"\napi_key = "{api_key}"\nmodel = "fake-model"\n'
         f"max_retries = 0\n"
         f'[channels.telegram]\nenabled = true\ntoken = "{tg.token}"\n'
         f'base_url = "{tg.base_url}"\ndm_policy = "open"\n',
@@ -124,12 +124,15 @@ def write_config(directory: Path, llm: FakeOpenAI, tg: FakeTelegram) -> Path:
     return path
 
 
-async def start_gateway(config: Path, log: Path) -> asyncio.subprocess.Process:
+async def start_gateway(
+    config: Path, log: Path, log_level: str = "INFO", env: dict[str, str] | None = None
+) -> asyncio.subprocess.Process:
     """`gatehouse run` as a subprocess; returns once its web server listens (channels are up)."""
-    env = {**os.environ, "GATEHOUSE_CONFIG": ""}
+    env = {**os.environ, "GATEHOUSE_CONFIG": "", **(env or {})}
     with log.open("ab") as err:
         proc = await asyncio.create_subprocess_exec(
-            GATEHOUSE, "--config", str(config), "run", cwd=config.parent, env=env,
+            GATEHOUSE, "--config", str(config), "--log-level", log_level, "run",
+            cwd=config.parent, env=env,
             stdout=asyncio.subprocess.PIPE, stderr=err,
         )
     assert proc.stdout is not None
