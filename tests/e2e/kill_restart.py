@@ -111,10 +111,12 @@ class CrashTrial:
         }
 
 
-def write_config(directory: Path, llm: FakeOpenAI, tg: FakeTelegram, api_key: str = "x") -> Path:
+def write_config(
+    directory: Path, llm: FakeOpenAI, tg: FakeTelegram, api_key: str = "x", concurrency: int = 8
+) -> Path:
     path = directory / "gatehouse.toml"
     path.write_text(
-        f'[gateway]\ndata_dir = "data"\n[web]\nport = 0\n'
+        f'[gateway]\ndata_dir = "data"\nmax_concurrent_turns = {concurrency}\n[web]\nport = 0\n'
         f'[llm]\nbase_url = "{llm.base_url}"\napi_key = "{api_key}"\nmodel = "fake-model"\n'
         f"max_retries = 0\n"
         f'[channels.telegram]\nenabled = true\ntoken = "{tg.token}"\n'
@@ -241,12 +243,12 @@ async def run_trial(
         trial.answered = _answered(tg)
     stored = stored_messages(directory)
     trial.stored = Counter(t for text, _h, _s in stored for t in _tokens(text))
-    trial.order_violations = _order_violations(stored, sessions)
+    trial.order_violations = order_violations(stored, sessions)
     trial.wall_seconds = time.perf_counter() - began
     return trial
 
 
-def _order_violations(stored: list[tuple[str, int, int | None]], sessions: int) -> list[str]:
+def order_violations(stored: list[tuple[str, int, int | None]], sessions: int) -> list[str]:
     """Sessions whose messages are not in the conversation (seq) in the order they were sent."""
     by_session: dict[int, list[tuple[int, int]]] = {}
     for text, _handled, seq in stored:
