@@ -4,7 +4,7 @@ SDK and the same fake server (the SDK's own floor), with a zero-latency LLM.
 Time is measured from an update injected at the fake platform server to the reply arriving
 back at it. Goal: gateway overhead at most 2x the bare SDK round trip.
 
-    .venv/bin/python bench/channels.py [--messages 200] [--concurrency 20] [--json out.json]
+    .venv/bin/python bench/channels.py [--messages 200] [--concurrency 20] [--quick] [--json out.json]
 """
 
 from __future__ import annotations
@@ -31,7 +31,10 @@ async def main() -> None:
     parser.add_argument("--concurrency", type=int, default=20)
     parser.add_argument("--only", choices=PLATFORMS, action="append")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--quick", action="store_true", help="60 messages, 10 at a time")
     args = parser.parse_args()
+    if args.quick:
+        args.messages, args.concurrency = 60, 10
     rows: list[dict[str, Any]] = []
     for platform in args.only or PLATFORMS:
         module = importlib.import_module(f"bench.channel_{platform}")

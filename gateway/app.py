@@ -93,6 +93,8 @@ class Gateway:
             await channel.start(self.handle_inbound)
         self._started = True
         for outbox_id, message in unsent:
+            if message.platform not in self.channels:
+                continue  # kept for a run that has this channel (`gatehouse chat` has not)
             log.info("sending a reply the last run stored but did not send (%s)", message.session_key)
             await self.deliver(message)
             self.delivery.sent(outbox_id)

@@ -6,9 +6,13 @@ import asyncio
 from pathlib import Path
 
 from channels.base import OutboundMessage
+from channels.console import ConsoleChannel
 from context.types import Message
+from gateway.app import Gateway
 from gateway.outbox import LOG_GLOB, DeliveryLog, logged_sent
 from gateway.store import SessionInfo, Store, TurnUsage
+from tests.conftest import MakeConfig
+from tests.fakes import FakeOpenAI
 
 
 def reply_to(text: str, answers: tuple[str, ...] = ("m1",)) -> OutboundMessage:
@@ -70,3 +74,22 @@ async def test_sent_replies_are_cleared_in_batches(tmp_path: Path) -> None:
     await delivery.close()
     assert await store.undelivered() == []
     await store.close()
+
+
+async def test_a_reply_for_a_channel_this_run_lacks_waits_for_one_that_has_it(
+    make_config: MakeConfig, fake_llm: FakeOpenAI
+) -> None:
+    config = make_config(fake_llm)
+    store = Store(config.database_url)
+    await store.init()
+    await finished_turn(store, "for telegram")  # stored by a `gatehouse run` that then died
+    await store.close()
+    chat_only = Gateway(config)  # what `gatehouse chat` starts: the console channel only
+    chat_only.add_channel(ConsoleChannel(user_id="me"))
+    await chat_only.start()
+    await chat_only.stop()
+    store = Store(config.database_url)
+    try:
+        assert [m.text for _i, m in await store.undelivered()] == ["for telegram"]
+    finally:
+        await store.close()
