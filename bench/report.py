@@ -155,7 +155,7 @@ def rows_compaction(r: dict[str, Any]) -> list[Row]:
         if lc is not None and lower is not None:
             compare = (
                 _times(gh[key], lc[key]) if lower
-                else f"{gh[key] - lc[key]:+.0%} points"
+                else f"{(gh[key] - lc[key]) * 100:+.0f} points"
             )
         rows.append((name, title, fmt(gh[key]), fmt(lc[key]) if lc else "—", peer, compare))
     for point in r["sweep"]:
@@ -275,9 +275,10 @@ def draw_charts(results: dict[str, Any]) -> list[tuple[str, str]]:
                label="langchain trim_messages", color=colors["peer"])
         ax.set_xticks(list(xs), [f"per-turn {q}" for q in qs])
         ax.set_yscale("log")
-        ax.set_ylabel("ms (log scale)")
-        ax.set_title(f"Context assembly, {ca['config']['messages']:,} messages")
-        ax.legend()
+        ax.set_ylim(top=ax.get_ylim()[1] * 30)  # room for the legend
+        ax.set_ylabel("ms per turn (log scale)")
+        ax.set_title(f"Context assembly, {ca['config']['messages']:,}-message session")
+        ax.legend(loc="upper left", fontsize=8)
         save(fig, "context_assembly.png", "Next-turn prompt assembly vs trim_messages")
 
     co = _result(results, "compaction")
@@ -293,11 +294,12 @@ def draw_charts(results: dict[str, Any]) -> list[tuple[str, str]]:
                    [engines[engine][key] * 100 for key, _ in keys], width,
                    label="gatehouse" if engine == "gatehouse" else engine,
                    color=colors["gatehouse" if engine == "gatehouse" else "peer"])
-        ax.set_xticks(range(len(keys)), [f"planted {label} kept" for _, label in keys])
-        ax.set_ylabel("% still in the prompt")
-        ax.set_ylim(0, 105)
+        ax.set_xticks(range(len(keys)), [label for _, label in keys])
+        ax.set_ylabel("% of the planted ones in the next prompt")
+        ax.set_ylim(0, 135)
+        ax.set_yticks(range(0, 101, 20))
         ax.set_title(f"What survives compaction ({co['turns']} turns, same fake model)")
-        ax.legend(fontsize=8)
+        ax.legend(loc="upper right", fontsize=8)
         save(fig, "compaction_survival.png", "What survives compaction vs SummarizationMiddleware")
 
         fig, ax = plt.subplots(figsize=(5.2, 3.4))
@@ -312,8 +314,9 @@ def draw_charts(results: dict[str, Any]) -> list[tuple[str, str]]:
         ax.plot(ls, [2 * v for v in ls], ":", color="black", label="2 L")
         ax.set_xlabel("summarizer latency L (s)")
         ax.set_ylabel("compaction wall time (s)")
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.35)
         ax.set_title("Compaction wall time against L")
-        ax.legend(fontsize=8)
+        ax.legend(loc="upper left", fontsize=8)
         save(fig, "compaction_latency.png", "Compaction wall time against the model latency L")
 
     pairs: list[tuple[str, float, float]] = []
@@ -336,8 +339,9 @@ def draw_charts(results: dict[str, Any]) -> list[tuple[str, str]]:
                color=colors["peer"])
         ax.set_xticks(list(xs), [p[0] for p in pairs])
         ax.set_ylabel("latency p50 (ms)")
+        ax.set_ylim(0, max(max(p[1], p[2]) for p in pairs) * 1.3)
         ax.set_title("Gateway vs the bare SDK, zero-latency model")
-        ax.legend()
+        ax.legend(loc="upper left", fontsize=8, ncol=2)
         save(fig, "gateway_vs_floor.png", "Gateway vs the bare-SDK floor")
     return drawn
 

@@ -50,7 +50,7 @@ async def test_no_secret_in_logs_or_summaries_over_a_turn_and_a_compaction(
         # What `gatehouse` sets up: its log handler redacts (gateway.logging_setup).
         redact = SecretFilter()
         redact.protect(config_secrets(config))
-        caplog.handler.addFilter(redact)
+        caplog.handler.addFilter(redact)  # pytest reuses this handler: removed below
         for noisy in NOISY:
             caplog.set_level(logging.WARNING, logger=noisy)
         caplog.set_level(logging.DEBUG)  # last: it also sets the capturing handler's level
@@ -71,6 +71,7 @@ async def test_no_secret_in_logs_or_summaries_over_a_turn_and_a_compaction(
             [notice] = await rg.ask(f"/compact keep every detail, even {GITHUB_TOKEN}")
         finally:
             await gateway.stop()
+            caplog.handler.removeFilter(redact)
         session = await gateway.store.get_session(KEY)
     assert session is not None and session.id is not None
     assert notice.startswith("Compacted the conversation")
@@ -93,3 +94,32 @@ async def test_no_secret_in_logs_or_summaries_over_a_turn_and_a_compaction(
     for secret in SECRETS:
         assert secret not in stored
     assert "[REDACTED:" in compaction.summary
+
+
+BENIGN_LOG_LINES = [
+    "token counter for model 'gpt-4o': tiktoken:o200k_base",
+    "counting with tiktoken:cl100k_base (o200k_base unavailable) instead",
+    "context agent:main:telegram:direct:5000: window=128000 (table) counter=tiktoken:cl100k_base",
+    "compaction agent:main:webchat:direct:tester (command): seq 1-12, 577 -> 1596 tokens",
+    "telegram: started as @gatehouse_bot (polling mode)",
+    "max_tokens: 4096, reserve_tokens=20000",
+]
+
+
+@pytest.mark.parametrize("line", BENIGN_LOG_LINES)
+def test_redaction_leaves_ordinary_log_lines_alone(line: str) -> None:
+    assert SecretFilter().redact(line) == line
+
+
+def test_redaction_masks_configured_values_and_secret_shapes() -> None:
+    redact = SecretFilter()
+    redact.protect(["7212345678:AAHk3v9QxYp2Lm8Rt4Zs1Wn6Bc0Df5Gh7Jk", "x", None])
+    line = (
+        "Set Bot API URL: http://127.0.0.1:1/bot7212345678:AAHk3v9QxYp2Lm8Rt4Zs1Wn6Bc0Df5Gh7Jk "
+        f"text={PASTED_KEY!r} accessToken: abcd1234efgh"
+    )
+    assert redact.redact(line) == (
+        "Set Bot API URL: http://127.0.0.1:1/bot[REDACTED:config] "
+        "text='[REDACTED:openai_key]' accessToken: [REDACTED:credential]"
+    )
+    assert redact.literals == ["7212345678:AAHk3v9QxYp2Lm8Rt4Zs1Wn6Bc0Df5Gh7Jk"]  # not "x"
