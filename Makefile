@@ -56,7 +56,8 @@ pytest: $(STAMP) $(CHROMIUM) postgres-server
 test: lint typecheck pytest
 
 bench: $(STAMP)
-	$(BIN)/python bench/pipeline.py
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(BIN)/python bench/report.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -9,7 +9,7 @@ in its own process): the least any bot that answers with a model can do. The goa
 gateway against that row, i.e. what the gateway itself (persistence, lanes, context assembly,
 formatting) costs; the ratio to the echo bot is shown too.
 
-    .venv/bin/python bench/channels.py [--messages 200] [--concurrency 20] [--json out.json]
+    .venv/bin/python bench/channels.py [--messages 200] [--concurrency 20] [--quick] [--json out.json]
 """
 
 from __future__ import annotations
@@ -38,7 +38,10 @@ async def main() -> None:
     parser.add_argument("--concurrency", type=int, default=20)
     parser.add_argument("--only", choices=PLATFORMS, action="append")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--quick", action="store_true", help="60 messages, 10 at a time")
     args = parser.parse_args()
+    if args.quick:
+        args.messages, args.concurrency = 60, 10
     rows: list[dict[str, Any]] = []
     for platform in args.only or PLATFORMS:
         module = importlib.import_module(f"bench.channel_{platform}")

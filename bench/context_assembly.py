@@ -13,7 +13,7 @@ messages are converted to langchain objects once, up front (not timed per turn).
 
     .venv/bin/python bench/context_assembly.py [--messages 10000] [--turns 200]
         [--langchain-turns N | --langchain-budget 15 | --skip-langchain] [--window 128000]
-        [--model gpt-4o] [--seed N] [--json out.json] [--profile]
+        [--model gpt-4o] [--seed N] [--quick] [--json out.json] [--profile]
 
 Each langchain call recounts the whole session (seconds per call at 10,000 messages), so by
 default it is timed on as many turns as fit in --langchain-budget seconds (3 to 20), spread
@@ -660,7 +660,12 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=20_250_301)
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--profile", action="store_true", help="cProfile the gatehouse turns")
+    parser.add_argument(
+        "--quick", action="store_true", help="3,000 messages, 50 turns, langchain budget 5 s"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.messages, args.turns, args.langchain_budget = 3_000, 50, 5.0
     console = Console()
     if not console.is_terminal:
         console = Console(width=120)

@@ -7,7 +7,7 @@ three or more characters, and mixed queries. Also times the incremental index up
 appended entry and after a hand edit, a refresh with nothing changed (what every search call
 pays first), and a full reindex. Goal: query p99 under 10 ms.
 
-    .venv/bin/python bench/memory_search.py [--notes 10000] [--queries 500] [--json out.json]
+    .venv/bin/python bench/memory_search.py [--notes 10000] [--queries 500] [--quick] [--json out.json]
 """
 
 from __future__ import annotations
@@ -138,7 +138,10 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=500)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--quick", action="store_true", help="2,000 notes, 200 queries")
     args = parser.parse_args()
+    if args.quick:
+        args.notes, args.queries = 2_000, 200
     rng = random.Random(args.seed)
     console = Console()
 

@@ -7,7 +7,7 @@ hop, reply delivery). ms/msg is wall time divided by messages: the per-message c
 machine when every session is busy. Everything runs in one process on loopback, so client,
 fake LLM and gateway share the same 2 cores.
 
-    .venv/bin/python bench/pipeline.py --sessions 50 --messages 20 [--json out.json]
+    .venv/bin/python bench/pipeline.py --sessions 50 --messages 20 [--quick] [--json out.json]
 """
 
 from __future__ import annotations
@@ -92,7 +92,10 @@ async def main() -> None:
     parser.add_argument("--sessions", type=int, default=50)
     parser.add_argument("--messages", type=int, default=20)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--quick", action="store_true", help="10 sessions × 5 messages")
     args = parser.parse_args()
+    if args.quick:
+        args.sessions, args.messages = 10, 5
     n = args.sessions * args.messages
     async with fake_llm_process() as llm_url:
         floor = await run_floor(llm_url, args.sessions, args.messages)

@@ -270,6 +270,7 @@ class DiscordChannel:
             log.exception("discord: could not normalize message %s; skipped", message.id)
             return
         if inbound is None:
+            log.debug("discord: message %s ignored (bot, system or empty message)", message.id)
             return
         if inbound.chat_type == "direct" and isinstance(message.channel, discord.DMChannel):
             self._remember_dm(message.channel)

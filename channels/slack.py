@@ -13,11 +13,13 @@ Transport (all of it is bolt / slack-sdk; nothing here re-implements it):
 - ``settings.base_url`` is the Web API base (default ``https://slack.com/api/``); a trailing slash
   is added when missing, because slack-sdk joins method names onto it.
 
-Ack timing: bolt acks an event *before* our listener runs (HTTP: the 200 goes out first;
-Socket Mode: the envelope ack is sent as soon as the listener is scheduled). The listener then
-awaits ``on_message``, which persists the message, so a crash in the window between the ack and
-the persist loses that message. Making the ack wait for the persist is later crash-safety work
-(bolt's ``process_before_response``). ``stop()`` waits briefly for in-flight handlers.
+Ack timing: acked only after the message is persisted. The app runs with bolt's
+``process_before_response``, so bolt awaits our listener -- which awaits ``on_message``, the
+gateway's persist -- before it answers: HTTP mode sends the 200 after it, Socket Mode sends the
+envelope ack after it. A crash before the persist leaves the event unacknowledged and Slack
+delivers it again (the gateway deduplicates by ``ts``); if ``on_message`` raises, HTTP answers
+500 and Socket Mode sends no ack, so Slack retries too. Persisting takes milliseconds, well
+inside Slack's 3-second ack deadline. ``stop()`` waits briefly for in-flight handlers.
 
 Events:
 
@@ -229,15 +231,26 @@ _MALFORMED_EVENT = "gatehouse_malformed_event"
 
 
 def _sanitize_body(body: Any) -> dict[str, Any] | None:
-    """The request body with a non-object ``event`` replaced; None when it is not an object."""
+    """The request body with a malformed ``event`` replaced; None when it is not an object.
+
+    Bolt's listener matchers read ``event.type`` (and ``subtype``) as strings and raise on
+    anything else -- a 500 or a missing ack, so Slack would redeliver the poison forever.
+    """
     if not isinstance(body, dict):
         log.warning("slack: ignoring a malformed request (body is a %s)", type(body).__name__)
         return None
-    if body.get("type") == "event_callback" and not isinstance(body.get("event"), dict):
-        log.warning(
-            "slack: ignoring a malformed event_callback (event is a %s)",
-            type(body.get("event")).__name__,
-        )
+    if body.get("type") != "event_callback":
+        return body
+    event = body.get("event")
+    problem = None
+    if not isinstance(event, dict):
+        problem = f"event is a {type(event).__name__}"
+    elif not isinstance(event.get("type"), str):
+        problem = f"event type is a {type(event.get('type')).__name__}"
+    elif event.get("subtype") is not None and not isinstance(event["subtype"], str):
+        problem = f"event subtype is a {type(event['subtype']).__name__}"
+    if problem is not None:
+        log.warning("slack: ignoring a malformed event_callback (%s)", problem)
         return {**body, "event": {"type": _MALFORMED_EVENT}}
     return body
 
@@ -289,7 +302,7 @@ class SlackChannel:
             logger=log,
             signing_secret=settings.signing_secret or "",
             request_verification_enabled=self.mode == "http",
-            process_before_response=False,
+            process_before_response=True,  # ack after the persist (see the module docstring)
         )
         self.app.event("message")(self._on_message_event)
         self.app.event("app_mention")(self._on_mention_event)
@@ -500,6 +513,7 @@ class SlackChannel:
             if isinstance(f, dict)
         )
         if not text and not attachments:
+            log.debug("slack: ignoring %s event with neither text nor files", event.get("type"))
             return None
         ts = str(event.get("ts") or event.get("event_ts") or "")
         thread_ts = event.get("thread_ts")
@@ -547,8 +561,9 @@ class SlackChannel:
         try:
             await handler(msg)
         except Exception:
-            self._seen.pop(key, None)  # let a redelivery try again
-            log.exception("slack: handling message %s failed", key)
+            # Not persisted: no ack (bolt answers 500 and logs it), so Slack delivers it again.
+            self._seen.pop(key, None)
+            raise
         finally:
             if task is not None:
                 self._inflight.discard(task)

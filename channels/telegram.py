@@ -152,11 +152,27 @@ class _TolerantBot(ExtBot[None]):
 
 
 def _utf16_spans_removed(text: str, spans: list[tuple[int, int]]) -> str:
-    """`text` without the given (offset, length) spans, counted in UTF-16 code units."""
-    raw = text.encode("utf-16-le")
+    """`text` without the given (offset, length) spans, counted in UTF-16 code units.
+
+    ``surrogatepass``: a lone surrogate (JSON allows ``"\\ud800"``) is one code unit like any
+    other, instead of an exception that would drop the whole message.
+    """
+    raw = text.encode("utf-16-le", "surrogatepass")
     for offset, length in sorted(spans, reverse=True):
         raw = raw[: offset * 2] + raw[(offset + length) * 2 :]
-    return raw.decode("utf-16-le")
+    return raw.decode("utf-16-le", "surrogatepass")
+
+
+def _entity_fragments(
+    text: str, entities: tuple[MessageEntity, ...]
+) -> list[tuple[MessageEntity, str]]:
+    """Each entity with the text it covers (PTB's ``parse_entities``, tolerant of lone
+    surrogates and of offsets past the end of the text)."""
+    raw = text.encode("utf-16-le", "surrogatepass")
+    return [
+        (ent, raw[ent.offset * 2 : (ent.offset + ent.length) * 2].decode("utf-16-le", "surrogatepass"))
+        for ent in entities
+    ]
 
 
 def _attachments(message: Message) -> tuple[dict[str, Any], ...]:
@@ -175,6 +191,10 @@ def _attachments(message: Message) -> tuple[dict[str, Any], ...]:
 
 def to_inbound(message: Message, me: User) -> InboundMessage | None:
     """Normalize one PTB message; `None` for messages the gateway must not see (see module doc)."""
+    ids = (message.message_id, message.chat.id, *(u.id for u in (message.from_user,) if u))
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        log.warning("telegram: ignoring a message whose ids are not integers: %r", ids)
+        return None
     sender = message.from_user
     if sender is not None and sender.id == me.id:
         return None
@@ -189,11 +209,9 @@ def to_inbound(message: Message, me: User) -> InboundMessage | None:
     direct = message.chat.type == ChatType.PRIVATE
     mentioned = direct
     spans: list[tuple[int, int]] = []
-    entities = (
-        message.parse_entities() if message.text is not None else message.parse_caption_entities()
-    )
+    entities = message.entities if message.text is not None else message.caption_entities
     handle = f"@{me.username}".lower() if me.username else None
-    for ent, fragment in entities.items():
+    for ent, fragment in _entity_fragments(text, entities):
         if ent.type == MessageEntity.MENTION and handle and fragment.lower() == handle:
             mentioned = True
             spans.append((ent.offset, ent.length))
@@ -525,6 +543,7 @@ class TelegramChannel:
     async def _on_update(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
         message = update.message
         if message is None or self._on_message is None:
+            log.debug("telegram: update %s carries no message; ignored", update.update_id)
             return
         try:
             inbound = to_inbound(message, self.me)
@@ -532,6 +551,10 @@ class TelegramChannel:
             log.exception("telegram: could not normalize update %s", update.update_id)
             return
         if inbound is None:
+            log.debug(
+                "telegram: update %s ignored (own, channel post, service or empty message)",
+                update.update_id,
+            )
             return
         try:
             await self._on_message(inbound)

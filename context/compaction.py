@@ -546,8 +546,13 @@ async def compact(
     span = split_recent(messages, settings.recent_turns)
     if not span.compacted:
         return None
+    # Everything that can reach the summarizer or the summary is redacted first: the span, the
+    # recent turns quoted in the augmentation, the latest ask and `/compact` instructions.
     compacted = _redacted(span.compacted)
-    latest_ask = _latest_ask(messages)
+    kept_redacted = _redacted(span.kept)
+    latest_ask = _latest_ask([*compacted, *kept_redacted])
+    if settings.instructions:  # `/compact <instructions>` is user text too
+        settings = replace(settings, instructions=redact_secrets(settings.instructions)[0])
     previous_tokens = counter.count_text(previous_summary) if previous_summary else 0
     tokens_before = previous_tokens + sum(m.tokens or 0 for m in messages)
 
@@ -588,8 +593,8 @@ async def compact(
         )
     )
     partials = [p for p in partial_results if p]
-    suffix = augmentation(span.compacted, span.kept, settings.critical_rules)
-    source_texts = [m.text for m in span.compacted if m.text]
+    suffix = augmentation(compacted, kept_redacted, settings.critical_rules)
+    source_texts = [m.text for m in compacted if m.text]
     kept_tokens = sum(m.tokens or 0 for m in span.kept)
 
     def audit(text: str, after: int) -> QualityReport:
@@ -643,7 +648,7 @@ async def compact(
     fallback: str | None = None
     if best is None:
         fallback = "extractive"
-        model_text = extractive_summary(span.compacted, previous_summary, latest_ask)
+        model_text = extractive_summary(compacted, previous_summary, latest_ask)
         final, report = build(model_text, fallback, 0)
         best = (final, report, model_text)
         notes.append("summarizer failed; used the extractive fallback: " + "; ".join(log.errors))

@@ -226,8 +226,18 @@ def _find_assignments(text: str, lower: str) -> Iterator[tuple[int, int, str]]:
                     continue
                 if not ((len(value) >= 8 and _has_digit(value)) or len(value) >= 20):
                     continue
+                if _glued_to_a_word(text, m.start("name")):
+                    continue  # `tiktoken:cl100k_base` is not a token
                 kind = "credential"
             yield start, end, kind
+
+
+def _glued_to_a_word(text: str, start: int) -> bool:
+    """The keyword at `start` ends a lower-case word (`tiktoken`), rather than a name made of
+    parts (`DB_TOKEN`, `auth-token`, `accessToken`, `APITOKEN`)."""
+    return start > 0 and text[start - 1].isalpha() and text[start - 1].islower() and (
+        text[start].islower()
+    )
 
 
 _HIGH_ENTROPY_RE = re.compile(

@@ -16,6 +16,7 @@ from gateway.llm import NOT_CONFIGURED, LLMProvider
 from gateway.maintenance import Maintenance
 from gateway.memory_tools import MemoryFlush, MemoryTools
 from gateway.metrics import GatewayMetrics
+from gateway.outbox import DeliveryLog
 from gateway.queue import LanesClosedError, SessionLanes
 from gateway.runner import Runner
 from gateway.schedule_tools import ScheduleTools
@@ -25,7 +26,7 @@ from gateway.store import SessionInfo, Store
 from gateway.store.db import CONTEXT_STATUS
 from gateway.streaming import Previews
 from gateway.summarizer import make_summary_call, summary_provider
-from gateway.text import clean_text
+from gateway.text import clean_inbound, clean_text
 from gateway.tools import ToolRegistry, default_registry
 from memory.index import MemoryIndex
 from memory.workspace import ensure_workspace
@@ -84,6 +85,8 @@ class Gateway:
         self.access = AccessPolicy(config, self.store)
         self.runner.typing = self.typing
         self.runner.previews = Previews(config.channels, self.channels, config.llm.stream)
+        self.delivery = DeliveryLog(config.data_dir, self.store)
+        self.runner.delivery = self.delivery
         if config.memory.archive_transcripts:
             self.runner.archive = self._archive_transcript
         self._started = False
@@ -109,11 +112,13 @@ class Gateway:
     async def start(self) -> None:
         """Open the store and workspace, start channels, resume any unanswered messages."""
         await self.open()
+        unsent = await self.delivery.recover()
         if not self.llm.configured:
             log.warning(NOT_CONFIGURED)
         for channel in self.channels.values():
             await channel.start(self.handle_inbound)
         self._started = True
+        await self._send_unsent(unsent)
         for session in await self.store.sessions_with_pending():
             log.info("resuming unanswered messages in %s", session.key)
             self.lanes.notify(session.key)
@@ -126,6 +131,16 @@ class Gateway:
                     self.leadership.watch(self.scheduler.step_down), name="leader-watch"
                 )
 
+    async def _send_unsent(self, unsent: list[tuple[int, OutboundMessage]]) -> None:
+        """Replies a stopped run stored with its turn but never sent."""
+        for outbox_id, message in unsent:
+            if message.platform not in self.channels:
+                continue  # kept for a run that has this channel (`gatehouse chat` has not)
+            log.info("sending a reply a stopped run stored but did not send (%s)",
+                     message.session_key)
+            await self.deliver(message)
+            self.delivery.sent(outbox_id)
+
     async def _sweep_pending(self) -> None:
         """Several processes on PostgreSQL: answer what a process that stopped left behind.
 
@@ -136,6 +151,7 @@ class Gateway:
         while True:
             await asyncio.sleep(every)
             try:
+                await self._send_unsent(await self.delivery.recover())
                 for session in await self.store.sessions_with_pending(older_than=every):
                     if session.key not in self.lanes.busy:
                         log.info("picking up unanswered messages in %s", session.key)
@@ -156,6 +172,7 @@ class Gateway:
             self._sweeper.cancel()
             self._sweeper = None
         await self.lanes.close(grace)
+        await self.delivery.close()
         for channel in self.channels.values():
             try:
                 await channel.stop()
@@ -166,6 +183,7 @@ class Gateway:
 
     async def handle_inbound(self, msg: InboundMessage) -> InboundResult:
         """Persist first, then wake the session's lane. Bad input gets a polite answer."""
+        msg = clean_inbound(msg)
         text, problem = clean_text(msg.text, self.config.gateway.max_message_chars)
         key = self.keyer.key_for(msg)
         if problem is not None:

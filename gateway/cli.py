@@ -26,7 +26,7 @@ from gateway.app import Gateway
 from gateway.channels_setup import add_channel_routes, platform_channels
 from gateway.config import DEFAULT_CONFIG_NAME, Config, ConfigError, load_config
 from gateway.llm import NOT_CONFIGURED
-from gateway.logging_setup import setup_logging
+from gateway.logging_setup import SECRETS, config_secrets, setup_logging
 from gateway.web import WebServer, build_app
 from memory.workspace import ensure_workspace
 
@@ -80,10 +80,12 @@ def _main(
 
 def _config() -> Config:
     try:
-        return load_config(state.config_path)
+        config = load_config(state.config_path)
     except ConfigError as exc:
         err_console.print(f"[red]config error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
+    SECRETS.protect(config_secrets(config))  # never in a log line, whatever logs it
+    return config
 
 
 @app.command()

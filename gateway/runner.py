@@ -35,6 +35,7 @@ from gateway.config import Config
 from gateway.context_setup import ContextResolver, Conversation
 from gateway.llm import ContextOverflowError, LLMError, LLMProvider
 from gateway.memory_tools import MemoryFlush
+from gateway.outbox import DeliveryLog
 from gateway.store import (
     CompactionRow,
     MessageRow,
@@ -146,6 +147,7 @@ class Runner:
         self.archive: Archive | None = None
         self.previews: Callable[[OutboundMessage], PreviewStream | None] | None = None
         """Opens a streamed preview for a reply, when its channel has one (gateway/streaming.py)."""
+        self.delivery: DeliveryLog | None = None
         self.agents = AgentsFile(config.workspace / "AGENTS.md")
         self.on_turn: Callable[[TurnStats], None] | None = None
         self.on_compaction: Callable[[str, CompactionResult | None], None] | None = None
@@ -202,7 +204,10 @@ class Runner:
             self.resolver.counter.count_message(reply_message)
         )
         stats.seconds = time.perf_counter() - started
-        await self.store.finish_turn(
+        final = replace(outbound, text=reply)
+        # The reply enters the outbox with the turn's commit and leaves it once sent: a crash in
+        # between never loses it (`Gateway.start` sends what is left; see gateway/outbox.py).
+        outbox_id = await self.store.finish_turn(
             session.id,
             reply_message,
             (r.id for r in claimed if r.id is not None),
@@ -212,11 +217,17 @@ class Runner:
             token_ratio=_calibrated_ratio(self.resolver, session_key),
             token_counts=stats.token_counts,
             record=stats.record(),
+            outbound=final,
         )
         if self.on_turn is not None:
             self.on_turn(stats)
         preview_id = await preview.finish() if preview is not None else None
-        await self.deliver(replace(outbound, text=reply, preview_id=preview_id))
+        await self.deliver(replace(final, preview_id=preview_id))
+        if outbox_id is not None:
+            if self.delivery is not None:
+                self.delivery.sent(outbox_id)
+            else:
+                await self.store.forget_outbox([outbox_id])
 
     async def _converse(
         self,

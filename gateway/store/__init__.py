@@ -1,10 +1,11 @@
-"""Persistence: SQLModel tables and the async Store."""
+"""Persistence: SQLModel tables, their migrations and the Store."""
 
 from gateway.store.db import SessionInfo, Store, TurnUsage, row_to_message
 from gateway.store.models import (
     CompactionRow,
     MemoryFlushRow,
     MessageRow,
+    OutboxRow,
     PairingRow,
     SessionRow,
     TurnRecordRow,
@@ -14,6 +15,7 @@ __all__ = [
     "CompactionRow",
     "MemoryFlushRow",
     "MessageRow",
+    "OutboxRow",
     "PairingRow",
     "SessionInfo",
     "SessionRow",

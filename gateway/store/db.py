@@ -23,19 +23,20 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, func, or_, update
+from sqlalchemy import Engine, create_engine, delete, event, func, or_, update
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import configure_mappers
 from sqlmodel import Session, col, select
 
-from channels.base import InboundMessage
+from channels.base import InboundMessage, OutboundMessage
 from context.types import Message, ToolCall
 from gateway.store.hot import Dialect, HotPath
 from gateway.store.models import (
     CompactionRow,
     MemoryFlushRow,
     MessageRow,
+    OutboxRow,
     PairingRow,
     SessionRow,
     TurnRecordRow,
@@ -478,17 +479,23 @@ class Store:
         token_ratio: float | None = None,
         token_counts: dict[int, int] | None = None,
         record: TurnRecordRow | None = None,
-    ) -> None:
+        outbound: OutboundMessage | None = None,
+    ) -> int | None:
         """Store the reply, mark the turn's inbound messages answered and count usage: atomically.
 
         `token_counts` ({message id: tokens}) rides along so counting costs no extra transaction;
-        `record` (the turn's token pressure, for the admin UI) is stored with the reply.
+        `record` (the turn's token pressure, for the admin UI) is stored with the reply. With
+        `outbound`, the reply also enters the outbox in the same transaction; the returned
+        outbox id goes to `gateway.outbox.DeliveryLog` once the channel sent it.
         """
         ids = list(handled_ids)
 
-        def op(cursor: Any) -> None:
+        def op(cursor: Any) -> int | None:
             seq = self._hot.allocate_seqs(cursor, session_id, 1)
             self._insert_reply(cursor, session_id, seq, reply, reply_status)
+            outbox_id = None
+            if outbound is not None:
+                outbox_id = self._hot.insert_outbox(cursor, session_id, outbound)
             if record is not None:
                 record.session_id, record.reply_seq = session_id, seq
                 self._hot.insert_turn_record(cursor, record)
@@ -503,8 +510,62 @@ class Store:
                 error=error,
                 token_ratio=token_ratio,
             )
+            return outbox_id
 
-        await self._fast(op, write=True)
+        return await self._fast(op, write=True)
+
+    # -- outbox -----------------------------------------------------------------------------
+
+    async def forget_outbox(self, outbox_ids: Iterable[int]) -> None:
+        """These replies were sent: drop them from the outbox."""
+        ids = list(outbox_ids)
+        if ids:
+            stmt = delete(OutboxRow).where(col(OutboxRow.id).in_(ids))
+            await self._write(lambda db: _update(db, stmt))
+
+    async def claim_stale_outbox(self, older_than: float) -> list[tuple[int, OutboundMessage]]:
+        """Several processes: take over replies left unsent longer than `older_than` seconds.
+
+        Each row is claimed by restarting its clock (`UPDATE … WHERE created_at < cutoff`), so of
+        processes sweeping at once exactly one sends it; if that one dies too, the row is stale
+        again after the same wait.
+        """
+        cutoff = utcnow() - timedelta(seconds=older_than)
+
+        def op(db: Session) -> list[OutboxRow]:
+            stale = db.exec(
+                select(OutboxRow).where(col(OutboxRow.created_at) < cutoff).order_by(
+                    col(OutboxRow.id)
+                )
+            ).all()
+            mine: list[OutboxRow] = []
+            for row in stale:
+                claim = (
+                    update(OutboxRow)
+                    .where(col(OutboxRow.id) == row.id, col(OutboxRow.created_at) < cutoff)
+                    .values(created_at=utcnow())
+                )
+                if db.exec(claim).rowcount == 1:
+                    mine.append(row)
+            return mine
+
+        rows = await self._write(op)
+        return [(row.id, _outbound(row)) for row in rows if row.id is not None]
+
+    async def undelivered(
+        self, older_than: float | None = None
+    ) -> list[tuple[int, OutboundMessage]]:
+        """Replies stored by a finished turn that no channel confirmed sending (a crash).
+
+        `older_than` (seconds): with several processes, a fresh row may be one another live
+        process is sending right now; only replies left that long are someone else's to send.
+        """
+        stmt = select(OutboxRow).order_by(col(OutboxRow.id))
+        if older_than is not None:
+            cutoff = utcnow() - timedelta(seconds=older_than)
+            stmt = stmt.where(col(OutboxRow.created_at) < cutoff)
+        rows = await self._read(lambda db: list(db.exec(stmt).all()))
+        return [(row.id, _outbound(row)) for row in rows if row.id is not None]
 
     async def summary_and_history(
         self, session_id: int, known: tuple[int, int] | None = None
@@ -777,6 +838,19 @@ class AdvisoryLock:
             self.conn.close()
         except Exception:
             self.conn.invalidate()
+
+
+def _outbound(row: OutboxRow) -> OutboundMessage:
+    return OutboundMessage(
+        platform=row.platform,
+        chat_id=row.chat_id,
+        text=row.text,
+        session_key=row.session_key,
+        thread_id=row.thread_id,
+        reply_to=row.reply_to,
+        account=row.account,
+        answers=tuple(row.answers or ()),
+    )
 
 
 def _latest_compaction(session_id: int) -> Any:

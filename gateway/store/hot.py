@@ -21,8 +21,16 @@ from typing import Any, TypeVar
 from sqlalchemy.orm.instrumentation import manager_of_class
 from sqlmodel import SQLModel
 
+from channels.base import OutboundMessage
 from context.types import Message, ToolCall
-from gateway.store.models import CompactionRow, MessageRow, SessionRow, TurnRecordRow, utcnow
+from gateway.store.models import (
+    CompactionRow,
+    MessageRow,
+    OutboxRow,
+    SessionRow,
+    TurnRecordRow,
+    utcnow,
+)
 
 SESSION_COLUMNS = tuple(SessionRow.model_fields)
 MESSAGE_COLUMNS = tuple(MessageRow.model_fields)
@@ -141,6 +149,11 @@ INSERT_TURN_RECORD = (
     f"INSERT INTO turn_records ({', '.join(map(_quoted, _RECORDED))}) "
     f"VALUES ({', '.join(':' + c for c in _RECORDED)})"
 )
+_OUTBOX = [c for c in OutboxRow.model_fields if c != "id"]
+INSERT_OUTBOX = (
+    f"INSERT INTO outbox ({', '.join(map(_quoted, _OUTBOX))}) "
+    f"VALUES ({', '.join(':' + c for c in _OUTBOX)}) RETURNING id"
+)
 COUNT_TURN = (
     "UPDATE sessions SET turns = turns + 1, last_error = :error, "
     "token_ratio = COALESCE(:ratio, token_ratio), "
@@ -224,6 +237,21 @@ class HotPath:
         params = {c: getattr(record, c) for c in _RECORDED}
         params["created_at"] = self.d.dump_time(record.created_at)
         cursor.execute(self.d.sql(INSERT_TURN_RECORD), params)
+
+    def insert_outbox(self, cursor: Any, session_id: int, message: OutboundMessage) -> int:
+        params = {
+            "session_id": session_id,
+            "session_key": message.session_key,
+            "platform": message.platform,
+            "chat_id": message.chat_id,
+            "thread_id": message.thread_id,
+            "account": message.account,
+            "reply_to": message.reply_to,
+            "answers": self.d.dump_json(list(message.answers)),
+            "text": message.text,
+            "created_at": self.d.dump_time(utcnow()),
+        }
+        return int(self._one(cursor, INSERT_OUTBOX, params)[0])
 
     def count_turn(
         self,

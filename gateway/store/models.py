@@ -148,3 +148,25 @@ class MemoryFlushRow(SQLModel, table=True):
     ok: bool
     notes_written: int = 0
     created_at: datetime = Field(default_factory=utcnow)
+
+
+class OutboxRow(SQLModel, table=True):
+    """A stored reply not yet confirmed as delivered to its platform.
+
+    Written in the transaction that finishes the turn and deleted once the channel sent it, so
+    a crash between the two never loses the answer: it is sent on the next start.
+    """
+
+    __tablename__ = "outbox"
+
+    id: int | None = Field(default=None, primary_key=True)
+    session_id: int = Field(foreign_key="sessions.id", index=True)
+    session_key: str = Field(sa_column=Column(Text, nullable=False))
+    platform: str
+    chat_id: str
+    thread_id: str | None = None
+    account: str = "default"
+    reply_to: str | None = None
+    answers: Any = Field(default=None, sa_column=Column(JSON))
+    text: str = Field(sa_column=Column(Text, nullable=False))
+    created_at: datetime = Field(default_factory=utcnow)

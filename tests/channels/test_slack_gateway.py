@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import AsyncIterator
 
@@ -53,10 +52,9 @@ async def gateway(
 
 
 async def settle(fake: FakeSlack, gateway: Gateway, *envelope_ids: str) -> None:
-    """Wait until every envelope was acked and every lane is idle."""
+    """Wait until every envelope was acked (so persisted, its lane woken) and every lane is idle."""
     for envelope_id in envelope_ids:
         await fake.wait_for_ack(envelope_id)
-    await asyncio.sleep(0.05)  # the listener runs right after the ack
     await gateway.lanes.join()
 
 

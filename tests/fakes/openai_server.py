@@ -548,6 +548,8 @@ class FakeOpenAI(LoopbackServer):
             body = json.loads(await request.read())
         except ValueError:
             body = None
+        except ConnectionError:  # the client went away (killed) before sending its body
+            return web.Response(status=499)
         if not isinstance(body, dict):
             return web.json_response(
                 _error_body(400, "We could not parse the JSON body of your request."), status=400

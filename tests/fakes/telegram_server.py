@@ -17,7 +17,9 @@ fake does not know (never queued/sent, or removed with ``forget_message``) answe
 ``parse_mode="HTML"`` the text is checked against Telegram's HTML subset (known tags, balanced,
 entities escaped); a violation answers ``400 Bad Request: can't parse entities: ...``.
 ``rate_limit(method, retry_after)`` makes the next call(s) answer ``429`` with
-``parameters.retry_after`` like Telegram's flood control.
+``parameters.retry_after`` like Telegram's flood control. ``hold(method)`` stalls every call of
+``method`` *before* it counts as received (crash tests kill the client while it waits);
+``release(method)`` lets them through, and a held call whose client went away is never recorded.
 
 ``editMessageText`` edits a message the bot sent (its current state is in ``bot_messages``):
 an unknown (or forgotten) message answers ``400 Bad Request: message to edit not found``, text
@@ -35,6 +37,7 @@ import itertools
 import json
 import re
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
@@ -107,6 +110,8 @@ class FakeTelegram(LoopbackServer):
         self.updates: list[JSON] = []
         """Queued updates not yet confirmed by a getUpdates ``offset``."""
         self.confirmed_offset = 0
+        self.served: Counter[int] = Counter()
+        """How often each ``update_id`` was handed out by getUpdates (> 1: redelivered)."""
         self.webhook: JSON = {}
         self.fail_next: dict[str, tuple[int, str]] = {}
         """method -> (HTTP status, description) answered once instead of the normal result."""
@@ -114,6 +119,9 @@ class FakeTelegram(LoopbackServer):
         """Called synchronously with every request as it arrives (benchmarks time replies)."""
         self.rate_limited: dict[str, list[int]] = {}
         """method -> retry_after values, one 429 answered per value (see `rate_limit`)."""
+        self.held_calls = 0
+        """Calls currently stalled by `hold`."""
+        self._holds: dict[str, asyncio.Event] = {}
         self._cond = asyncio.Condition()
         self._new_update = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -185,6 +193,38 @@ class FakeTelegram(LoopbackServer):
         PTB treats ``retry_after=0`` as absent (a plain NetworkError), as Telegram never sends 0.
         """
         self.rate_limited.setdefault(method, []).extend([retry_after] * times)
+
+    def hold(self, method: str) -> None:
+        """Stall calls of ``method`` before they are received, until `release`."""
+        self._holds.setdefault(method, asyncio.Event())
+
+    def release(self, method: str) -> None:
+        gate = self._holds.pop(method, None)
+        if gate is not None:
+            gate.set()
+
+    async def wait_for_held(self, n: int = 1, timeout: float = 5.0) -> None:  # noqa: ASYNC109
+        async with asyncio.timeout(timeout), self._cond:
+            await self._cond.wait_for(lambda: self.held_calls >= n)
+
+    async def _held(self, method: str, request: web.Request) -> bool:
+        """Wait while ``method`` is held; False when the caller went away (never received)."""
+        gate = self._holds.get(method)
+        if gate is None:
+            return True
+        async with self._cond:
+            self.held_calls += 1
+            self._cond.notify_all()
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        released = asyncio.ensure_future(gate.wait())
+        try:
+            await asyncio.wait({stopping, released}, return_when="FIRST_COMPLETED")
+        finally:
+            for task in (stopping, released):
+                task.cancel()
+            self.held_calls -= 1
+        transport = request.transport
+        return not self._stopping.is_set() and transport is not None and not transport.is_closing()
 
     def forget_message(self, chat_id: int, message_id: int) -> None:
         """Make the message unknown (deleted): replies to it fail with "not found"."""
@@ -326,6 +366,8 @@ class FakeTelegram(LoopbackServer):
         if request.match_info["token"] != self.token:
             return _error(401, "Unauthorized")
         params = await self._params(request)
+        if not await self._held(method, request):
+            return _error(503, "Service Unavailable: the client went away while held")
         call = Call(method, params)
         if self.on_call is not None:
             self.on_call(call)
@@ -394,7 +436,9 @@ class FakeTelegram(LoopbackServer):
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
-        return _ok(self.updates[:limit])
+        batch = self.updates[:limit]
+        self.served.update(u["update_id"] for u in batch if isinstance(u.get("update_id"), int))
+        return _ok(batch)
 
     async def _send_message(self, params: JSON) -> web.Response:
         chat_id = int(params["chat_id"])

@@ -1,0 +1,476 @@
+"""Run every benchmark under bench/ and write one report: bench/REPORT.md (one Markdown table,
+charts beside it), bench/report.json (every script's own JSON) and bench/charts/*.png.
+
+Side by side with the peers and floors people would otherwise use: context assembly against
+langchain_core's ``trim_messages``, compaction against langchain's ``SummarizationMiddleware``
+(same transcript, same fake model), compaction wall time against the summarizer latency L, the
+gateway against the bare SDKs (openai, python-telegram-bot, slack-bolt, discord.py); plus
+memory search, kill -9 crash safety and load. Each script runs as a subprocess with
+``--json``, so nothing is scraped from printed tables.
+
+    .venv/bin/python bench/report.py            # every script in its quick size (a few minutes)
+    .venv/bin/python bench/report.py --full     # the sizes the README quotes (much longer)
+    .venv/bin/python bench/report.py --only load --full   # rerun one, keep the others' results
+
+The peers come with the ``bench`` extra: ``.venv/bin/pip install -e '.[bench]'``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+REPORT_MD = BENCH / "REPORT.md"
+REPORT_JSON = BENCH / "report.json"
+CHARTS = BENCH / "charts"
+
+
+@dataclass(frozen=True)
+class Script:
+    name: str
+    quick: tuple[str, ...] = ("--quick",)
+    full: tuple[str, ...] = ()
+    timeout: float = 3_600.0
+
+    @property
+    def path(self) -> Path:
+        return BENCH / f"{self.name}.py"
+
+
+SCRIPTS = (
+    Script("context_assembly"),
+    Script("compaction"),
+    Script("pipeline"),
+    Script("channels"),
+    Script("memory_search"),
+    Script("crash"),
+    Script("load", timeout=7_200.0),
+)
+NOT_RUN_DIRECTLY = {
+    "__init__.py": "the package marker",
+    "common.py": "helpers shared by the scripts",
+    "report.py": "this script",
+    "channel_telegram.py": "run by channels.py",
+    "channel_slack.py": "run by channels.py",
+    "channel_discord.py": "run by channels.py",
+}
+
+
+def unlisted_scripts() -> list[str]:
+    """bench/*.py that neither run here nor are known helpers: a new script must be added."""
+    known = {s.path.name for s in SCRIPTS} | set(NOT_RUN_DIRECTLY)
+    return sorted(p.name for p in BENCH.glob("*.py") if p.name not in known)
+
+
+def run_script(script: Script, full: bool) -> dict[str, Any]:
+    args = list(script.full if full else script.quick)
+    with tempfile.TemporaryDirectory(prefix="gatehouse-report-") as tmp:
+        out = Path(tmp) / "result.json"
+        command = [sys.executable, str(script.path), *args, "--json", str(out)]
+        print(f"→ {script.name}: {' '.join(command[1:])}", flush=True)
+        began = time.perf_counter()
+        done = subprocess.run(
+            command, cwd=ROOT, capture_output=True, text=True, timeout=script.timeout,
+            env={**os.environ, "COLUMNS": "120"},
+        )
+        seconds = time.perf_counter() - began
+        result = json.loads(out.read_text()) if out.exists() else None
+    print(done.stdout[-4_000:], flush=True)
+    if done.returncode != 0:
+        print(done.stderr[-4_000:], file=sys.stderr, flush=True)
+    return {
+        "mode": "full" if full else "quick",
+        "args": args,
+        "exit_code": done.returncode,
+        "seconds": round(seconds, 1),
+        "finished": datetime.now(UTC).isoformat(timespec="seconds"),
+        "result": result,
+    }
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+Row = tuple[str, str, str, str, str, str]
+"""benchmark, measure, gatehouse, peer or floor, which peer, gatehouse vs peer."""
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.2f} ms" if value < 100 else f"{value:,.0f} ms"
+
+
+def _times(gatehouse: float | None, peer: float | None, lower_is_better: bool = True) -> str:
+    if not gatehouse or not peer:
+        return ""
+    ratio = peer / gatehouse if lower_is_better else gatehouse / peer
+    return f"{ratio:,.1f}× faster" if ratio >= 1 else f"{1 / ratio:,.1f}× slower"
+
+
+def rows_context_assembly(r: dict[str, Any]) -> list[Row]:
+    gh, lc = r["gatehouse"], r.get("langchain")
+    name = f"Context assembly, {r['config']['messages']:,}-message session"
+    peer = "langchain_core `trim_messages`" if lc else "langchain-core not installed"
+    return [
+        (name, f"per-turn {q}", _ms(gh[f"{q}_ms"]), _ms(lc[f"{q}_ms"]) if lc else "—", peer,
+         _times(gh[f"{q}_ms"], lc[f"{q}_ms"]) if lc else "")
+        for q in ("p50", "p99")
+    ]
+
+
+def rows_compaction(r: dict[str, Any]) -> list[Row]:
+    engines = r["engines"]
+    gh = engines["gatehouse"]
+    lc = engines.get("langchain SummarizationMiddleware")
+    peer = "langchain `SummarizationMiddleware` (defaults)" if lc else "langchain not installed"
+    name = f"Compaction, {r['turns']}-turn transcript, L = {r['latency']:g} s"
+
+    def pct(v: float) -> str:
+        return f"{v:.0%}"
+
+    measures: list[tuple[str, str, Callable[[Any], str], bool | None]] = [
+        ("wall time", "wall_s", lambda v: f"{v:.2f} s", True),
+        ("model calls", "calls", str, None),
+        ("tokens after (summary + kept)", "tokens_after", lambda v: f"{v:,}", None),
+        ("compression (after / before)", "compression_ratio", lambda v: f"{v:.3f}", None),
+        ("planted identifiers kept", "identifiers_kept", pct, False),
+        ("planted decisions kept", "decisions_kept", pct, False),
+        ("planted TODOs kept", "todos_kept", pct, False),
+        ("latest ask kept verbatim", "latest_ask_verbatim", lambda v: "yes" if v else "no", None),
+    ]
+    rows: list[Row] = []
+    for title, key, fmt, lower in measures:
+        compare = ""
+        if lc is not None and lower is not None:
+            compare = (
+                _times(gh[key], lc[key]) if lower
+                else f"{(gh[key] - lc[key]) * 100:+.0f} points"
+            )
+        rows.append((name, title, fmt(gh[key]), fmt(lc[key]) if lc else "—", peer, compare))
+    for point in r["sweep"]:
+        lc_s = point.get("langchain_s")
+        rows.append((
+            "Compaction wall time against L", f"L = {point['L']:g} s",
+            f"{point['gatehouse_s']:.2f} s ({point['gatehouse_s'] / point['L']:.1f} L)",
+            "—" if lc_s is None else f"{lc_s:.2f} s",
+            f"{peer}; one at a time: {point['sequential_s']:.2f} s", "",
+        ))
+    return rows
+
+
+def rows_pipeline(r: dict[str, Any]) -> list[Row]:
+    floor, gh = r["rows"]
+    name = f"Webchat pipeline, {gh['messages']:,} messages"
+    peer = "bare openai SDK, same fake model (floor)"
+    return [
+        (name, "messages/s", f"{gh['msgs_per_s']:,.0f}", f"{floor['msgs_per_s']:,.0f}", peer,
+         f"{gh['msgs_per_s'] / floor['msgs_per_s']:.2f}× the floor"),
+        (name, "latency p50", _ms(gh["p50_ms"]), _ms(floor["p50_ms"]), peer,
+         f"+{gh['p50_ms'] - floor['p50_ms']:,.1f} ms"),
+        (name, "latency p99", _ms(gh["p99_ms"]), _ms(floor["p99_ms"]), peer,
+         f"+{gh['p99_ms'] - floor['p99_ms']:,.1f} ms"),
+    ]
+
+
+def rows_channels(r: list[dict[str, Any]]) -> list[Row]:
+    rows: list[Row] = []
+    for platform_name in dict.fromkeys(row["platform"] for row in r):
+        gh = next(x for x in r if x["platform"] == platform_name and x["path"] == "gatehouse")
+        bare = next(x for x in r if x["platform"] == platform_name and x["path"] != "gatehouse")
+        name = f"{platform_name.capitalize()} end to end, {gh['messages']} messages"
+        for q in ("p50", "p99"):
+            rows.append((
+                name, f"latency {q}", _ms(gh[f"{q}_ms"]), _ms(bare[f"{q}_ms"]), bare["path"],
+                f"{gh[f'{q}_ms'] / bare[f'{q}_ms']:.1f}× the floor",
+            ))
+    return rows
+
+
+def rows_memory_search(r: dict[str, Any]) -> list[Row]:
+    overall = next(q for q in r["queries"] if q["kind"] == "overall")
+    name = f"memory_search, {r['notes']:,} notes"
+    return [
+        (name, "query p50", _ms(overall["p50_ms"]), "—", "goal", ""),
+        (name, "query p99", _ms(overall["p99_ms"]), f"< {r['goal_p99_ms']:g} ms", "goal",
+         "met" if overall["p99_ms"] < r["goal_p99_ms"] else "missed"),
+    ]
+
+
+def rows_crash(r: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    for t in r["rows"]:
+        name = f"kill -9 mid-burst, {t['messages']:,} messages / {t['sessions']} sessions"
+        for title, key, goal in (
+            ("stored exactly once", "stored_exactly_once", f"{t['messages']:,}"),
+            ("answered exactly once", "answered_exactly_once", f"{t['messages']:,}"),
+            ("lost", "lost", "0"),
+            ("answered twice (in doubt at the kill)", "duplicated", f"≤ {t['replies_in_doubt']}"),
+        ):
+            rows.append((name, title, f"{t[key]:,}", goal, "goal", ""))
+    return rows
+
+
+def rows_load(r: dict[str, Any]) -> list[Row]:
+    x = r["row"]
+    name = f"Load, {x['sessions']:,} Telegram sessions × {x['messages'] // x['sessions']} messages"
+    return [
+        (name, "lost / order violations", f"{x['lost']} / {x['order_violations']}", "0 / 0",
+         "goal", ""),
+        (name, "messages/s", f"{x['msgs_per_s']:,}", "—", "", ""),
+        (name, "latency p50 / p99", f"{_ms(x['p50_ms'])} / {_ms(x['p99_ms'])}", "—", "", ""),
+        (name, "gateway peak RSS", f"{x['peak_rss_mb']} MiB", "—", "", ""),
+    ]
+
+
+ROWS: dict[str, Callable[[Any], list[Row]]] = {
+    "context_assembly": rows_context_assembly,
+    "compaction": rows_compaction,
+    "pipeline": rows_pipeline,
+    "channels": rows_channels,
+    "memory_search": rows_memory_search,
+    "crash": rows_crash,
+    "load": rows_load,
+}
+
+
+# -- charts -------------------------------------------------------------------------------------
+
+
+def draw_charts(results: dict[str, Any]) -> list[tuple[str, str]]:
+    """PNG charts of the side-by-side figures; (file name, caption) of each drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    CHARTS.mkdir(exist_ok=True)
+    drawn: list[tuple[str, str]] = []
+    colors = {"gatehouse": "#2b6cb0", "peer": "#c05621", "other": "#718096"}
+
+    def save(fig: Any, name: str, caption: str) -> None:
+        fig.tight_layout()
+        fig.savefig(CHARTS / name, dpi=110)
+        plt.close(fig)
+        drawn.append((name, caption))
+
+    ca = _result(results, "context_assembly")
+    if ca and ca.get("langchain"):
+        fig, ax = plt.subplots(figsize=(5.2, 3.4))
+        qs = ["p50", "p99"]
+        xs = range(len(qs))
+        ax.bar([x - 0.2 for x in xs], [ca["gatehouse"][f"{q}_ms"] for q in qs], 0.4,
+               label="gatehouse assemble", color=colors["gatehouse"])
+        ax.bar([x + 0.2 for x in xs], [ca["langchain"][f"{q}_ms"] for q in qs], 0.4,
+               label="langchain trim_messages", color=colors["peer"])
+        ax.set_xticks(list(xs), [f"per-turn {q}" for q in qs])
+        ax.set_yscale("log")
+        ax.set_ylim(top=ax.get_ylim()[1] * 30)  # room for the legend
+        ax.set_ylabel("ms per turn (log scale)")
+        ax.set_title(f"Context assembly, {ca['config']['messages']:,}-message session")
+        ax.legend(loc="upper left", fontsize=8)
+        save(fig, "context_assembly.png", "Next-turn prompt assembly vs trim_messages")
+
+    co = _result(results, "compaction")
+    if co:
+        engines = co["engines"]
+        names = list(engines)
+        keys = [("identifiers_kept", "identifiers"), ("decisions_kept", "decisions"),
+                ("todos_kept", "TODOs")]
+        fig, ax = plt.subplots(figsize=(5.2, 3.4))
+        width = 0.8 / len(names)
+        for n, engine in enumerate(names):
+            ax.bar([k + n * width - 0.4 + width / 2 for k in range(len(keys))],
+                   [engines[engine][key] * 100 for key, _ in keys], width,
+                   label="gatehouse" if engine == "gatehouse" else engine,
+                   color=colors["gatehouse" if engine == "gatehouse" else "peer"])
+        ax.set_xticks(range(len(keys)), [label for _, label in keys])
+        ax.set_ylabel("% of the planted ones in the next prompt")
+        ax.set_ylim(0, 135)
+        ax.set_yticks(range(0, 101, 20))
+        ax.set_title(f"What survives compaction ({co['turns']} turns, same fake model)")
+        ax.legend(loc="upper right", fontsize=8)
+        save(fig, "compaction_survival.png", "What survives compaction vs SummarizationMiddleware")
+
+        fig, ax = plt.subplots(figsize=(5.2, 3.4))
+        ls = [p["L"] for p in co["sweep"]]
+        ax.plot(ls, [p["gatehouse_s"] for p in co["sweep"]], "o-", color=colors["gatehouse"],
+                label="gatehouse (parts in parallel, merge)")
+        ax.plot(ls, [p["sequential_s"] for p in co["sweep"]], "s--", color=colors["other"],
+                label="same calls one at a time")
+        if all("langchain_s" in p for p in co["sweep"]):
+            ax.plot(ls, [p["langchain_s"] for p in co["sweep"]], "^-", color=colors["peer"],
+                    label="langchain SummarizationMiddleware (1 call)")
+        ax.plot(ls, [2 * v for v in ls], ":", color="black", label="2 L")
+        ax.set_xlabel("summarizer latency L (s)")
+        ax.set_ylabel("compaction wall time (s)")
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.35)
+        ax.set_title("Compaction wall time against L")
+        ax.legend(loc="upper left", fontsize=8)
+        save(fig, "compaction_latency.png", "Compaction wall time against the model latency L")
+
+    pairs: list[tuple[str, float, float]] = []
+    pi = _result(results, "pipeline")
+    if pi:
+        floor, gh = pi["rows"]
+        pairs.append(("webchat\n(openai SDK)", gh["p50_ms"], floor["p50_ms"]))
+    ch = _result(results, "channels")
+    if ch:
+        for platform_name in dict.fromkeys(row["platform"] for row in ch):
+            gh = next(x for x in ch if x["platform"] == platform_name and x["path"] == "gatehouse")
+            bare = next(x for x in ch if x["platform"] == platform_name and x["path"] != "gatehouse")
+            pairs.append((platform_name, gh["p50_ms"], bare["p50_ms"]))
+    if pairs:
+        fig, ax = plt.subplots(figsize=(5.2, 3.4))
+        xs = range(len(pairs))
+        ax.bar([x - 0.2 for x in xs], [p[1] for p in pairs], 0.4, label="gatehouse",
+               color=colors["gatehouse"])
+        ax.bar([x + 0.2 for x in xs], [p[2] for p in pairs], 0.4, label="bare SDK (floor)",
+               color=colors["peer"])
+        ax.set_xticks(list(xs), [p[0] for p in pairs])
+        ax.set_ylabel("latency p50 (ms)")
+        ax.set_ylim(0, max(max(p[1], p[2]) for p in pairs) * 1.3)
+        ax.set_title("Gateway vs the bare SDK, zero-latency model")
+        ax.legend(loc="upper left", fontsize=8, ncol=2)
+        save(fig, "gateway_vs_floor.png", "Gateway vs the bare-SDK floor")
+    return drawn
+
+
+def _result(results: dict[str, Any], name: str) -> Any:
+    entry = results.get(name)
+    return entry.get("result") if entry else None
+
+
+# -- the report ---------------------------------------------------------------------------------
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        )
+    except OSError:
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
+def render(report: dict[str, Any], charts: list[tuple[str, str]]) -> str:
+    results = report["results"]
+    machine = report["machine"]
+    lines = [
+        "# Gatehouse benchmark report",
+        "",
+        f"Generated by `bench/report.py` on {report['generated']} (commit `{report['commit']}`), "
+        f"{machine['cpus']} CPUs, Python {machine['python']}, load average "
+        f"{machine['load_before']} before and {machine['load_after']} after. Every figure comes "
+        "from a script under `bench/` that anyone can rerun; the raw numbers are in "
+        "[`report.json`](report.json). Latencies are wall-clock on a shared machine: compare the "
+        "columns of one row, not runs of different days.",
+        "",
+        "| Benchmark | Measure | Gatehouse | Peer / floor | Peer | Gatehouse vs peer | Run |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for script in SCRIPTS:
+        entry = results.get(script.name)
+        if entry is None:
+            continue
+        run = f"{entry['mode']}, {entry['seconds']:g} s"
+        if entry["result"] is None:
+            lines.append(
+                f"| {script.name} | failed (exit {entry['exit_code']}) | | | | | {run} |"
+            )
+            continue
+        if entry["exit_code"] != 0:
+            run += f", exit {entry['exit_code']} (a goal was missed)"
+        for row in ROWS[script.name](entry["result"]):
+            lines.append("| " + " | ".join([*row, run]) + " |")
+    if charts:
+        lines += ["", "<p>"]
+        lines += [
+            f'<img src="charts/{name}" alt="{caption}" title="{caption}" width="49%">'
+            for name, caption in charts
+        ]
+        lines += ["</p>"]
+    lines += [
+        "",
+        "How each row is measured (details in each script's docstring):",
+        "",
+        "- **Context assembly**: `bench/context_assembly.py`; the same session, token counts and "
+        "budget for both; langchain's counter recounts the session on every call, as it is used.",
+        "- **Compaction**: `bench/compaction.py`; one fake OpenAI-compatible server answers both "
+        "after L seconds with the same deterministic summarizer (it keeps the planted decisions, "
+        "TODOs and rules it sees and every second identifier it sees). SummarizationMiddleware runs "
+        "with its defaults (keep 20 messages, summarize at most the last 4,000 tokens, one call). "
+        "\"Kept\" means still in the next prompt: summary plus the messages kept verbatim.",
+        "- **Gateway vs floor**: `bench/pipeline.py` (webchat HTTP → gateway → model vs the bare "
+        "openai SDK) and `bench/channels.py` (each platform's real SDK against its fake server, "
+        "gatehouse vs a bare echo bot on the same SDK), zero-latency model.",
+        "- **Crash safety**: `bench/crash.py`, `gatehouse run` killed with SIGKILL mid-burst and "
+        "restarted; \"in doubt\" replies had reached Telegram when the process died, before the "
+        "gateway could record it (see README, *Crash safety*).",
+        "- **Load**: `bench/load.py`, `gatehouse run` as a subprocess, every session sending two "
+        "messages in a row, waiting for the answers, and going on; peak RSS is the gateway "
+        "process's high-water mark.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--full", action="store_true", help="the full sizes (slow)")
+    parser.add_argument(
+        "--only", action="append", choices=[s.name for s in SCRIPTS],
+        help="run only these scripts; the others' results are kept from bench/report.json",
+    )
+    parser.add_argument(
+        "--render-only", action="store_true",
+        help="rewrite REPORT.md and the charts from bench/report.json without running anything",
+    )
+    args = parser.parse_args()
+    missing = unlisted_scripts()
+    if missing:
+        parser.error(f"bench scripts missing from report.py's SCRIPTS: {', '.join(missing)}")
+    previous: dict[str, Any] = {}
+    if REPORT_JSON.exists() and (args.only or args.render_only):
+        previous = json.loads(REPORT_JSON.read_text())
+    results: dict[str, Any] = dict(previous.get("results", {}))
+    load_before = previous.get("machine", {}).get("load_before")
+    if not args.render_only:
+        load_before = round(os.getloadavg()[0], 2)
+        for script in SCRIPTS:
+            if args.only and script.name not in args.only:
+                continue
+            results[script.name] = run_script(script, args.full)
+    report = {
+        "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": git_commit(),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_before": load_before,
+            "load_after": round(os.getloadavg()[0], 2),
+        },
+        "results": results,
+    }
+    charts = draw_charts(results)
+    REPORT_JSON.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    REPORT_MD.write_text(render(report, charts))
+    print(f"wrote {REPORT_MD.relative_to(ROOT)}, {REPORT_JSON.relative_to(ROOT)} and "
+          f"{len(charts)} charts in {CHARTS.relative_to(ROOT)}/")
+    failed = [name for name, entry in results.items() if entry.get("result") is None]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

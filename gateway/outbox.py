@@ -1,0 +1,145 @@
+"""Which stored replies reached their platform: the other half of the outbox.
+
+A reply enters the ``outbox`` table in the transaction that finishes its turn (`Store.finish_turn`),
+so a crash after that commit cannot lose it: the next start sends whatever is still there. Once
+a channel has sent a reply, its outbox id is appended to a small log file in the data directory
+(one ``write(2)``; it survives the process being killed) instead of a database transaction per
+turn, which would queue behind every other write on SQLite. The rows are deleted in batches, and
+the log is read back on start.
+
+Why a file: the gap between "the platform has the reply" and "the gateway recorded that" is the
+one window in which a kill -9 makes a reply go out twice (no Bot API lets a sender ask whether
+a message was already sent). A write to an open file takes microseconds and waits for nothing,
+so the window is as small as it can be.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from pathlib import Path
+
+from channels.base import OutboundMessage
+from gateway.store import Store
+
+log = logging.getLogger(__name__)
+
+LOG_GLOB = "outbox-sent.*.log"
+
+
+SHARED_GRACE_SECONDS = 120.0
+"""PostgreSQL: a reply left in the outbox this long belongs to a process that died (a live one
+sends within moments, or within its 429 waits), so another may claim and send it."""
+
+
+class DeliveryLog:
+    """Records sent replies in an append-only file; deletes their outbox rows in batches.
+
+    With several processes on one PostgreSQL database (`shared`), the log files would be shared
+    too, so each sent reply's row is deleted right away instead, and only replies left behind
+    longer than `SHARED_GRACE_SECONDS` are claimed (one process wins each) and sent again.
+    """
+
+    def __init__(
+        self, directory: Path, store: Store, batch: int = 256, interval: float = 5.0
+    ) -> None:
+        self.shared = not store.is_sqlite
+        self._deleting: set[asyncio.Task[None]] = set()
+        self.directory = directory
+        self.store = store
+        self.batch = batch
+        self.interval = interval
+        self._fd: int | None = None
+        self._path: Path | None = None
+        self._generation = 0
+        self._pending: list[int] = []
+        self._oldest = 0.0
+        self._flushing: asyncio.Task[None] | None = None
+
+    async def recover(self) -> list[tuple[int, OutboundMessage]]:
+        """On start: forget replies the last run sent; return the ones it did not (in order)."""
+        if self.shared:
+            return await self.store.claim_stale_outbox(SHARED_GRACE_SECONDS)
+        logs = sorted(self.directory.glob(LOG_GLOB))
+        await self.store.forget_outbox(logged_sent(self.directory))
+        for path in logs:
+            path.unlink(missing_ok=True)
+        self._generation = max((_generation(p) for p in logs), default=0)
+        self._open()
+        return await self.store.undelivered()
+
+    def sent(self, outbox_id: int) -> None:
+        """The channel sent this reply (called right after it returned)."""
+        if self.shared:
+            task = asyncio.create_task(self.store.forget_outbox([outbox_id]))
+            self._deleting.add(task)
+            task.add_done_callback(self._deleting.discard)
+            return
+        if self._fd is None:
+            self._open()
+        assert self._fd is not None
+        os.write(self._fd, f"{outbox_id}\n".encode())
+        if not self._pending:
+            self._oldest = time.monotonic()
+        self._pending.append(outbox_id)
+        due = len(self._pending) >= self.batch or time.monotonic() - self._oldest >= self.interval
+        if due and self._flushing is None:
+            self._flushing = asyncio.create_task(self._flush())
+
+    async def close(self) -> None:
+        """Delete the rows of every reply sent so far; the log is then empty and removed."""
+        if self._deleting:
+            await asyncio.gather(*self._deleting, return_exceptions=True)
+        while self._flushing is not None:
+            await self._flushing
+        if self._pending:
+            await self._flush()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._path is not None:
+            self._path.unlink(missing_ok=True)
+            self._path = None
+
+    def _open(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._generation += 1
+        self._path = self.directory / f"outbox-sent.{self._generation:08d}.log"
+        self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+    async def _flush(self) -> None:
+        """Start a new log, delete the rows the old one names, then remove the old log."""
+        ids, self._pending = self._pending, []
+        old_fd, old_path = self._fd, self._path
+        self._open()
+        if old_fd is not None:
+            os.close(old_fd)
+        try:
+            await self.store.forget_outbox(ids)
+        except Exception:
+            # The ids stay in the old log, which the next start reads again.
+            log.exception("could not clear %d sent replies from the outbox", len(ids))
+        else:
+            if old_path is not None:
+                old_path.unlink(missing_ok=True)
+        finally:
+            self._flushing = None
+
+
+def logged_sent(directory: Path) -> list[int]:
+    """Outbox ids the delivery logs in `directory` record as sent."""
+    ids: list[int] = []
+    for path in sorted(directory.glob(LOG_GLOB)):
+        with contextlib.suppress(OSError):
+            for line in path.read_text(encoding="ascii", errors="replace").splitlines():
+                if line.strip().isdigit():
+                    ids.append(int(line))
+    return ids
+
+
+def _generation(path: Path) -> int:
+    middle = path.name.split(".")[1]
+    return int(middle) if middle.isdigit() else 0

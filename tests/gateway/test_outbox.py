@@ -1,0 +1,95 @@
+"""The outbox: a finished turn's reply survives a crash until a channel has sent it."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from channels.base import OutboundMessage
+from channels.console import ConsoleChannel
+from context.types import Message
+from gateway.app import Gateway
+from gateway.outbox import LOG_GLOB, DeliveryLog, logged_sent
+from gateway.store import SessionInfo, Store, TurnUsage
+from tests.conftest import MakeConfig
+from tests.fakes import FakeOpenAI
+
+
+def reply_to(text: str, answers: tuple[str, ...] = ("m1",)) -> OutboundMessage:
+    return OutboundMessage(
+        platform="telegram", chat_id="42", text=text, session_key="k", thread_id="7",
+        reply_to=answers[-1], answers=answers,
+    )
+
+
+async def finished_turn(store: Store, text: str) -> int:
+    session = await store.ensure_session(SessionInfo(key="k"))
+    assert session.id is not None
+    outbox_id = await store.finish_turn(
+        session.id, Message(role="assistant", content=text), [], TurnUsage(),
+        outbound=reply_to(text),
+    )
+    assert outbox_id is not None
+    return outbox_id
+
+
+async def test_reply_is_in_the_outbox_with_the_turn_until_logged_as_sent(tmp_path: Path) -> None:
+    store = Store(f"sqlite+aiosqlite:///{tmp_path / 'g.db'}")
+    await store.init()
+    first = await finished_turn(store, "answer one")
+    second = await finished_turn(store, "answer two")
+    assert [(i, m) for i, m in await store.undelivered()] == [
+        (first, reply_to("answer one")), (second, reply_to("answer two")),
+    ]
+    delivery = DeliveryLog(tmp_path, store)
+    assert [i for i, _m in await delivery.recover()] == [first, second]
+    delivery.sent(first)  # ... and the process dies: no close(), rows still in the table
+    assert logged_sent(tmp_path) == [first]
+
+    restarted = DeliveryLog(tmp_path, store)
+    assert [m.text for _i, m in await restarted.recover()] == ["answer two"]
+    assert [i for i, _m in await store.undelivered()] == [second]
+    assert logged_sent(tmp_path) == []  # the old log was applied, then removed
+    restarted.sent(second)
+    await restarted.close()
+    assert await store.undelivered() == []
+    assert await asyncio.to_thread(lambda: list(tmp_path.glob(LOG_GLOB))) == []
+    await store.close()
+
+
+async def test_sent_replies_are_cleared_in_batches(tmp_path: Path) -> None:
+    store = Store(f"sqlite+aiosqlite:///{tmp_path / 'g.db'}")
+    await store.init()
+    delivery = DeliveryLog(tmp_path, store, batch=3)
+    await delivery.recover()
+    ids = [await finished_turn(store, f"answer {n}") for n in range(4)]
+    for outbox_id in ids[:3]:
+        delivery.sent(outbox_id)
+    assert delivery._flushing is not None  # the third one started a batch delete
+    await delivery._flushing
+    assert [i for i, _m in await store.undelivered()] == [ids[3]]
+    assert logged_sent(tmp_path) == []
+    delivery.sent(ids[3])
+    assert logged_sent(tmp_path) == [ids[3]]
+    await delivery.close()
+    assert await store.undelivered() == []
+    await store.close()
+
+
+async def test_a_reply_for_a_channel_this_run_lacks_waits_for_one_that_has_it(
+    make_config: MakeConfig, fake_llm: FakeOpenAI
+) -> None:
+    config = make_config(fake_llm)
+    store = Store(config.database_url)
+    await store.init()
+    await finished_turn(store, "for telegram")  # stored by a `gatehouse run` that then died
+    await store.close()
+    chat_only = Gateway(config)  # what `gatehouse chat` starts: the console channel only
+    chat_only.add_channel(ConsoleChannel(user_id="me"))
+    await chat_only.start()
+    await chat_only.stop()
+    store = Store(config.database_url)
+    try:
+        assert [m.text for _i, m in await store.undelivered()] == ["for telegram"]
+    finally:
+        await store.close()
