@@ -58,6 +58,7 @@ SCRIPTS = (
     Script("memory_search"),
     Script("crash"),
     Script("load", timeout=7_200.0),
+    Script("scale"),
 )
 NOT_RUN_DIRECTLY = {
     "__init__.py": "the package marker",
@@ -186,14 +187,16 @@ def rows_pipeline(r: dict[str, Any]) -> list[Row]:
 def rows_channels(r: list[dict[str, Any]]) -> list[Row]:
     rows: list[Row] = []
     for platform_name in dict.fromkeys(row["platform"] for row in r):
-        gh = next(x for x in r if x["platform"] == platform_name and x["path"] == "gatehouse")
-        bare = next(x for x in r if x["platform"] == platform_name and x["path"] != "gatehouse")
+        same = [x for x in r if x["platform"] == platform_name]
+        gh = next(x for x in same if x["path"] == "gatehouse")
+        floors = [x for x in same if x["path"] != "gatehouse"]
         name = f"{platform_name.capitalize()} end to end, {gh['messages']} messages"
-        for q in ("p50", "p99"):
-            rows.append((
-                name, f"latency {q}", _ms(gh[f"{q}_ms"]), _ms(bare[f"{q}_ms"]), bare["path"],
-                f"{gh[f'{q}_ms'] / bare[f'{q}_ms']:.1f}× the floor",
-            ))
+        for floor in floors:  # the echo bot, then the same bot asking the model first
+            for q in ("p50", "p99"):
+                rows.append((
+                    name, f"latency {q}", _ms(gh[f"{q}_ms"]), _ms(floor[f"{q}_ms"]),
+                    floor["path"], f"{gh[f'{q}_ms'] / floor[f'{q}_ms']:.1f}× the floor",
+                ))
     return rows
 
 
@@ -233,6 +236,19 @@ def rows_load(r: dict[str, Any]) -> list[Row]:
     ]
 
 
+def rows_scale(r: list[dict[str, Any]]) -> list[Row]:
+    sqlite = r[0]
+    rows: list[Row] = []
+    for x in r[1:]:
+        name = f"Scale-out, {x['messages']:,} messages"
+        rows.append((
+            name, f"msgs/s, {x['processes']} process(es) on {x['setup']}",
+            f"{x['msgs_per_s']:,}", f"{sqlite['msgs_per_s']:,}", "1 process on SQLite",
+            f"×{x['vs_sqlite']:.2f}",
+        ))
+    return rows
+
+
 ROWS: dict[str, Callable[[Any], list[Row]]] = {
     "context_assembly": rows_context_assembly,
     "compaction": rows_compaction,
@@ -241,6 +257,7 @@ ROWS: dict[str, Callable[[Any], list[Row]]] = {
     "memory_search": rows_memory_search,
     "crash": rows_crash,
     "load": rows_load,
+    "scale": rows_scale,
 }
 
 

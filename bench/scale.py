@@ -135,7 +135,10 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=40)
     parser.add_argument("--messages", type=int, default=10)
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--quick", action="store_true", help="10 chats x 4 messages")
     args = parser.parse_args()
+    if args.quick:
+        args.sessions, args.messages = 10, 4
     rows = asyncio.run(measure(args.sessions, args.messages))
     table = Table(
         title=f"scale-out: {args.sessions} chats x {args.messages} messages, zero-latency model, "

@@ -138,7 +138,8 @@ class Store:
             workers = pool_size
         configure_mappers()  # rows built with model_construct need configured mappers
         self._writer = self.engine.execution_options(gatehouse_write=True)
-        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="gatehouse-db")
+        self._workers = workers
+        self._executor: ThreadPoolExecutor | None = None
         self._session_ids: dict[str, int] = {}
         self.schema_status = "not opened"
         self._hot = HotPath(Dialect(sqlite=self.is_sqlite))
@@ -170,7 +171,10 @@ class Store:
         await asyncio.get_running_loop().run_in_executor(None, self._shutdown)
 
     def _shutdown(self) -> None:
-        self._executor.shutdown(wait=True)
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True)
+        self._local = threading.local()
         for conn in self._held:
             conn.close()
         self._held.clear()
@@ -179,6 +183,8 @@ class Store:
             self._lock_engine.dispose()
 
     async def _run(self, fn: Callable[[], T]) -> T:
+        if self._executor is None:  # first use, or used again after close() like an engine
+            self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="gatehouse-db")
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
 
     async def _read(self, fn: Callable[[Session], T]) -> T:
