@@ -226,12 +226,15 @@ def rows_crash(r: dict[str, Any]) -> list[Row]:
 
 def rows_load(r: dict[str, Any]) -> list[Row]:
     x = r["row"]
+    in_flight = x.get("in_flight", 2 * x["sessions"])  # two messages in a row per session
     name = f"Load, {x['sessions']:,} Telegram sessions × {x['messages'] // x['sessions']} messages"
     return [
         (name, "lost / order violations", f"{x['lost']} / {x['order_violations']}", "0 / 0",
          "goal", ""),
         (name, "messages/s", f"{x['msgs_per_s']:,}", "—", "", ""),
-        (name, "latency p50 / p99", f"{_ms(x['p50_ms'])} / {_ms(x['p99_ms'])}", "—", "", ""),
+        (name, "latency p50 / p99", f"{_ms(x['p50_ms'])} / {_ms(x['p99_ms'])}",
+         f"{_ms(in_flight / x['msgs_per_s'] * 1000)}",
+         f"queueing alone: {in_flight:,} messages in flight ÷ messages/s", ""),
         (name, "gateway peak RSS", f"{x['peak_rss_mb']} MiB", "—", "", ""),
     ]
 

@@ -37,6 +37,7 @@ from tests.fakes.telegram_server import Call, FakeTelegram
 class LoadRun:
     sessions: int
     per_session: int
+    burst: int = 2
     latencies: list[float] = field(default_factory=list)
     answered: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
     """Per session: message indexes in the order their answers reached Telegram."""
@@ -65,6 +66,7 @@ class LoadRun:
         return {
             "sessions": self.sessions,
             "messages": self.messages,
+            "in_flight": self.sessions * min(self.burst, self.per_session),
             "answered": sum(len(v) for v in self.answered.values()),
             "lost": len(self.lost),
             "order_violations": len(self.reply_order_violations) + len(self.stored_order_violations),
@@ -95,7 +97,7 @@ async def run_load(
 ) -> LoadRun:
     """Every session sends `per_session` messages, `burst` at a time (the next ones while the
     first is being answered, as people do), waits for the answers, repeats; all at once."""
-    run = LoadRun(sessions, per_session)
+    run = LoadRun(sessions, per_session, burst)
     loop = asyncio.get_running_loop()
     waiting: dict[str, asyncio.Future[float]] = {}
 
