@@ -10,6 +10,7 @@ from typing import Any, Literal
 from alembic import context
 from alembic.autogenerate.api import AutogenContext
 from sqlalchemy import create_engine
+from sqlalchemy.engine import Connection
 from sqlmodel import SQLModel
 
 import gateway.store.models  # noqa: F401  (registers the tables on SQLModel.metadata)
@@ -37,18 +38,23 @@ def render_item(type_: str, obj: Any, _context: AutogenContext) -> str | Literal
     return False
 
 
+def migrate_on(connection: Connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        render_as_batch=True,
+        include_object=include_object,
+        render_item=render_item,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
 def run_migrations_online() -> None:
+    """On the store's connection (`gatehouse db upgrade`, every start), else on `-x url=...`."""
     connection = config.attributes.get("connection")
     if connection is not None:
-        context.configure(
-            connection=connection,
-            target_metadata=target_metadata,
-            render_as_batch=True,
-            include_object=include_object,
-            render_item=render_item,
-        )
-        with context.begin_transaction():
-            context.run_migrations()
+        migrate_on(connection)
         return
     url = context.get_x_argument(as_dictionary=True).get("url") or config.get_main_option(
         "sqlalchemy.url"
@@ -57,15 +63,7 @@ def run_migrations_online() -> None:
         raise SystemExit("no database URL: use `gatehouse db upgrade` or `alembic -x url=...`")
     engine = create_engine(url)
     with engine.connect() as conn:
-        context.configure(
-            connection=conn,
-            target_metadata=target_metadata,
-            render_as_batch=True,
-            include_object=include_object,
-            render_item=render_item,
-        )
-        with context.begin_transaction():
-            context.run_migrations()
+        migrate_on(conn)
 
 
 if context.is_offline_mode():
