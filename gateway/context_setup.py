@@ -71,6 +71,7 @@ class ContextResolver:
         self._metadata_task: asyncio.Task[None] | None = None
         self._calibrations: dict[str, UsageCalibration] = {}
         self._warned: set[str] = set()
+        self._window_cache: tuple[tuple[str, tuple[int, str] | None], WindowResolution] | None = None
 
     async def start(self, fetch_metadata: bool = True) -> None:
         """Load the token counter (reads packaged files) and fetch model metadata in the
@@ -103,8 +104,11 @@ class ContextResolver:
 
     def window(self) -> WindowResolution:
         model = self.llm.model
-        configured = self.config.models.get(model)
         reported = self._reported
+        cached = self._window_cache
+        if cached is not None and cached[0] == (model, reported):
+            return cached[1]  # the model table is scanned once per (model, reported window)
+        configured = self.config.models.get(model)
         resolution = resolve_window(
             model,
             configured.context_window if configured else None,
@@ -115,6 +119,7 @@ class ContextResolver:
         if resolution.warning and resolution.warning not in self._warned:
             self._warned.add(resolution.warning)
             log.warning(resolution.warning)
+        self._window_cache = ((model, reported), resolution)
         return resolution
 
     def history_limit(self, where: Conversation) -> LimitResolution:

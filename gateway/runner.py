@@ -45,6 +45,7 @@ from gateway.store import (
     TurnUsage,
     row_to_message,
 )
+from gateway.store.hot import build
 from gateway.streaming import PreviewStream
 from gateway.tools import ToolContext, ToolRegistry
 from memory.agents_md import AgentsFile
@@ -91,19 +92,24 @@ class TurnStats:
     flush_at: int | None = None
 
     def record(self) -> TurnRecordRow:
-        """The stored form of these stats (the admin UI's token-pressure chart)."""
-        return TurnRecordRow(
-            session_id=0,  # set by the store
-            prompt_tokens=self.prompt_tokens,
-            local_prompt_tokens=self.local_prompt_tokens,
-            completion_tokens=self.completion_tokens,
-            window=self.window,
-            compact_at=self.compact_at,
-            flush_at=self.flush_at,
-            seconds=round(self.seconds, 3),
-            tool_rounds=self.tool_rounds,
-            compactions=len([c for c in self.compactions if c.committed]),
-            error=self.error,
+        """The stored form of these stats (the admin UI's token-pressure chart).
+
+        Built without validation (our own typed values): validating cost ~0.5 ms a turn."""
+        return build(
+            TurnRecordRow,
+            dict(
+                session_id=0,  # set by the store
+                prompt_tokens=self.prompt_tokens,
+                local_prompt_tokens=self.local_prompt_tokens,
+                completion_tokens=self.completion_tokens,
+                window=self.window,
+                compact_at=self.compact_at,
+                flush_at=self.flush_at,
+                seconds=round(self.seconds, 3),
+                tool_rounds=self.tool_rounds,
+                compactions=len([c for c in self.compactions if c.committed]),
+                error=self.error,
+            ),
         )
 
 
