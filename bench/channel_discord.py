@@ -27,7 +27,6 @@ import itertools
 import logging
 import re
 import statistics
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -37,9 +36,8 @@ import discord.gateway
 import discord.http
 import yarl
 
-from bench.common import WITH_MODEL, bench_config, fake_llm_process, model_call, pct
+from bench.common import WITH_MODEL, bench_gateway, floors_and_gatehouse, model_call, pct
 from channels.discord import DiscordChannel, discord_intents
-from gateway.app import Gateway
 from tests.fakes.discord_server import FakeDiscord, RecordedCall
 
 __all__ = ["measure"]
@@ -145,40 +143,25 @@ async def measure_bare(
 
 
 async def measure_gatehouse(messages: int, concurrency: int) -> dict[str, Any]:
-    async with fake_llm_process() as llm_url, FakeDiscord() as fake:
-        with tempfile.TemporaryDirectory(prefix="gatehouse-bench-") as data:
-            config = bench_config(
-                llm_url,
-                data,
-                concurrency=concurrency,
-                channels={
-                "discord": {
-                    "enabled": True,
-                    "token": fake.token,
-                    "api_base_url": fake.api_base_url,
-                    "gateway_url": fake.gateway_url,
-                    "dm_policy": "open",
-                    "require_mention": False,
-                }
-                },
-            )
-            gateway = Gateway(config)
-            gateway.add_channel(DiscordChannel(config.channels.discord, guild_ready_timeout=0.01))
-            await gateway.start()
-            try:
-                return await _drive(fake, messages, concurrency, GATEHOUSE)
-            finally:
-                await gateway.stop(grace=5)
+    async with FakeDiscord() as fake:
+        settings = {
+            "token": fake.token,
+            "api_base_url": fake.api_base_url,
+            "gateway_url": fake.gateway_url,
+            "require_mention": False,
+        }
+
+        def channel(section: Any) -> DiscordChannel:
+            return DiscordChannel(section, guild_ready_timeout=0.01)
+
+        async with bench_gateway("discord", settings, channel, concurrency, grace=5):
+            return await _drive(fake, messages, concurrency, GATEHOUSE)
 
 
 async def measure(messages: int = 200, concurrency: int = 20) -> list[dict[str, Any]]:
     """The bare discord.py echo bot (the floor), the same bot asking the model first, then
     Gatehouse."""
-    rows = [await measure_bare(messages, concurrency)]
-    async with fake_llm_process() as llm_url:
-        rows.append(await measure_bare(messages, concurrency, llm_url))
-    rows.append(await measure_gatehouse(messages, concurrency))
-    return rows
+    return await floors_and_gatehouse(measure_bare, measure_gatehouse, messages, concurrency)
 
 
 def _print(rows: list[dict[str, Any]]) -> None:

@@ -29,7 +29,6 @@ import asyncio
 import itertools
 import logging
 import re
-import tempfile
 import time
 from typing import Any
 
@@ -37,9 +36,8 @@ from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp, AsyncSay
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bench.common import WITH_MODEL, bench_config, channel_row, fake_llm_process, model_call
+from bench.common import WITH_MODEL, bench_gateway, channel_row, floors_and_gatehouse, model_call
 from channels.slack import SlackChannel
-from gateway.app import Gateway
 from tests.fakes.slack_server import ApiCall, FakeSlack, im_message
 
 _MARK = re.compile(r"bench (\d+)")
@@ -111,39 +109,16 @@ async def _bare(messages: int, concurrency: int, llm_url: str | None = None) -> 
 
 
 async def _gatehouse(messages: int, concurrency: int) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="gatehouse-bench-") as tmp:
-        async with fake_llm_process() as llm_url, FakeSlack() as fake:
-            config = bench_config(
-                llm_url,
-                tmp,
-                concurrency=concurrency,
-                channels={
-                "slack": {
-                    "enabled": True,
-                    "bot_token": "xoxb-bench",
-                    "app_token": "xapp-bench",
-                    "base_url": fake.api_url,
-                    "dm_policy": "open",
-                }
-                },
-            )
-            gateway = Gateway(config)
-            gateway.add_channel(SlackChannel(config.channels.slack))
-            await gateway.start()
-            try:
-                wall, latencies = await _measured(fake, messages, concurrency)
-            finally:
-                await gateway.stop()
+    async with FakeSlack() as fake:
+        settings = {"bot_token": "xoxb-bench", "app_token": "xapp-bench", "base_url": fake.api_url}
+        async with bench_gateway("slack", settings, SlackChannel, concurrency):
+            wall, latencies = await _measured(fake, messages, concurrency)
     return channel_row("slack", "gatehouse", messages, wall, latencies)
 
 
 async def measure(messages: int = 200, concurrency: int = 20) -> list[dict[str, Any]]:
     """The bare bolt echo floor, the same app asking the model first, and Gatehouse."""
-    rows = [await _bare(messages, concurrency)]
-    async with fake_llm_process() as llm_url:
-        rows.append(await _bare(messages, concurrency, llm_url))
-    rows.append(await _gatehouse(messages, concurrency))
-    return rows
+    return await floors_and_gatehouse(_bare, _gatehouse, messages, concurrency)
 
 
 if __name__ == "__main__":

@@ -27,16 +27,14 @@ import argparse
 import asyncio
 import itertools
 import re
-import tempfile
 import time
 from typing import Any
 
 from telegram import Update
 from telegram.ext import ApplicationBuilder, ContextTypes, MessageHandler, filters
 
-from bench.common import WITH_MODEL, bench_config, channel_row, fake_llm_process, model_call
+from bench.common import WITH_MODEL, bench_gateway, channel_row, floors_and_gatehouse, model_call
 from channels.telegram import TelegramChannel
-from gateway.app import Gateway
 from tests.fakes.telegram_server import Call, FakeTelegram
 
 _MARK = re.compile(r"bench (\d+)")
@@ -115,38 +113,16 @@ async def _bare(messages: int, concurrency: int, llm_url: str | None = None) -> 
 
 
 async def _gatehouse(messages: int, concurrency: int) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="gatehouse-bench-") as tmp:
-        async with fake_llm_process() as llm_url, FakeTelegram() as fake:
-            config = bench_config(
-                llm_url,
-                tmp,
-                concurrency=concurrency,
-                channels={
-                "telegram": {
-                    "enabled": True,
-                    "token": fake.token,
-                    "base_url": fake.base_url,
-                    "dm_policy": "open",
-                }
-                },
-            )
-            gateway = Gateway(config)
-            gateway.add_channel(TelegramChannel(config.channels.telegram))
-            await gateway.start()
-            try:
-                wall, latencies = await _measured(fake, messages, concurrency)
-            finally:
-                await gateway.stop()
+    async with FakeTelegram() as fake:
+        settings = {"token": fake.token, "base_url": fake.base_url}
+        async with bench_gateway("telegram", settings, TelegramChannel, concurrency):
+            wall, latencies = await _measured(fake, messages, concurrency)
     return channel_row("telegram", "gatehouse", messages, wall, latencies)
 
 
 async def measure(messages: int = 200, concurrency: int = 20) -> list[dict[str, Any]]:
     """The bare PTB echo floor, the same bot asking the model first, and Gatehouse."""
-    rows = [await _bare(messages, concurrency)]
-    async with fake_llm_process() as llm_url:
-        rows.append(await _bare(messages, concurrency, llm_url))
-    rows.append(await _gatehouse(messages, concurrency))
-    return rows
+    return await floors_and_gatehouse(_bare, _gatehouse, messages, concurrency)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,48 @@ async def model_call(llm_url: str | None) -> AsyncIterator[Answer]:
 
 WITH_MODEL = " + 1 model call"
 """Suffix of the path name of a bare bot that asks the model first."""
+
+
+@contextlib.asynccontextmanager
+async def bench_gateway(
+    platform: str,
+    settings: dict[str, Any],
+    make_channel: Callable[[Any], Any],
+    concurrency: int,
+    grace: float = 10.0,
+) -> AsyncIterator[Any]:
+    """A started Gateway with one platform channel (open DMs), its own data dir and the
+    zero-latency model in its own process; stopped on exit."""
+    from gateway.app import Gateway
+
+    with tempfile.TemporaryDirectory(prefix="gatehouse-bench-") as data:
+        async with fake_llm_process() as llm_url:
+            section = {"enabled": True, "dm_policy": "open", **settings}
+            config = bench_config(
+                llm_url, data, concurrency=concurrency, channels={platform: section}
+            )
+            gateway = Gateway(config)
+            gateway.add_channel(make_channel(config.channels.get(platform)))
+            await gateway.start()
+            try:
+                yield gateway
+            finally:
+                await gateway.stop(grace=grace)
+
+
+Path_ = Callable[..., Awaitable[dict[str, Any]]]
+
+
+async def floors_and_gatehouse(
+    bare: Path_, gatehouse: Path_, messages: int, concurrency: int
+) -> list[dict[str, Any]]:
+    """The three rows of a platform: the bare echo bot, the same bot asking the model first
+    (one call to the zero-latency fake), and Gatehouse."""
+    rows = [await bare(messages, concurrency)]
+    async with fake_llm_process() as llm_url:
+        rows.append(await bare(messages, concurrency, llm_url))
+    rows.append(await gatehouse(messages, concurrency))
+    return rows
 
 
 def pct(values: Sequence[float], q: float) -> float:
