@@ -34,6 +34,11 @@ def _storable_id(value: str) -> str:
     return value.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
 
 
+def is_storable_id(value: str) -> bool:
+    """An id the store keeps as it is (`clean_inbound` rewrites the others)."""
+    return not (_SURROGATES.search(value) or "\x00" in value)
+
+
 def clean_inbound(msg: InboundMessage) -> InboundMessage:
     """The message with ids and sender name the store can hold (the text is `clean_text`'s job).
 
@@ -44,7 +49,7 @@ def clean_inbound(msg: InboundMessage) -> InboundMessage:
     changes: dict[str, Any] = {}
     for name in _ID_FIELDS:
         value = getattr(msg, name)
-        if isinstance(value, str) and (_SURROGATES.search(value) or "\x00" in value):
+        if isinstance(value, str) and not is_storable_id(value):
             changes[name] = _storable_id(value)
     if msg.sender_name and (_SURROGATES.search(msg.sender_name) or "\x00" in msg.sender_name):
         changes["sender_name"] = _SURROGATES.sub("\ufffd", msg.sender_name).replace("\x00", "")

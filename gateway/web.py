@@ -13,12 +13,13 @@ from importlib import resources
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from channels.webchat import WebchatChannel
 from gateway.admin import add_admin_routes
 from gateway.app import Gateway
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from gateway.text import is_storable_id
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,15 @@ class WebchatRequest(BaseModel):
     user_id: str = Field(min_length=1, max_length=256)
     text: str
     message_id: str | None = Field(default=None, min_length=1, max_length=128)
+
+    @field_validator("message_id")
+    @classmethod
+    def _plain_id(cls, value: str | None) -> str | None:
+        # The reply is matched to the request by this id; one the store must rewrite (NUL, an
+        # unpaired surrogate) would never match, and the caller would wait in vain.
+        if value is not None and not is_storable_id(value):
+            raise ValueError("message_id must be plain text (no NUL, no unpaired surrogates)")
+        return value
 
 
 def _error(status: int, message: str, **extra: Any) -> web.Response:

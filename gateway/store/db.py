@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import hashlib
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -141,6 +142,9 @@ class Store:
         self._workers = workers
         self._executor: ThreadPoolExecutor | None = None
         self._session_ids: dict[str, int] = {}
+        self._inbound_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
+            weakref.WeakValueDictionary()
+        )
         self.schema_status = "not opened"
         self._hot = HotPath(Dialect(sqlite=self.is_sqlite))
         self._local = threading.local()
@@ -386,13 +390,24 @@ class Store:
             )
             return session_id, row
 
-        for _attempt in range(3):
-            try:
-                return await self._fast(op, write=True)
-            except self._integrity_errors:
-                # A concurrent insert of the same platform message (dedupe) or session.
-                continue
+        # One session's messages reach the database in the order they arrived: SQLite's single
+        # thread keeps that by itself, a PostgreSQL thread pool needs the (FIFO) lock.
+        async with self._arrival_order(info.key):
+            for _attempt in range(3):
+                try:
+                    return await self._fast(op, write=True)
+                except self._integrity_errors:
+                    # A concurrent insert of the same platform message (dedupe) or session.
+                    continue
         raise RuntimeError(f"could not persist inbound message for {info.key}")
+
+    def _arrival_order(self, key: str) -> contextlib.AbstractAsyncContextManager[Any]:
+        if self.is_sqlite:
+            return contextlib.nullcontext()
+        lock = self._inbound_locks.get(key)
+        if lock is None:
+            lock = self._inbound_locks[key] = asyncio.Lock()
+        return lock
 
     async def claim_pending(
         self, session_id: int, context_limit: int | None = None
