@@ -1,11 +1,16 @@
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import threading
+import time
 from pathlib import Path
+
+import pytest
 
 from channels.base import InboundMessage
 from context.types import Message, ToolCall
-from gateway.store import SessionInfo, Store, TurnUsage
+from gateway.store import SessionInfo, Store, TurnUsage, db
 
 
 def inbound(text: str, mid: str | None = None) -> InboundMessage:
@@ -107,3 +112,97 @@ async def test_concurrent_session_creation_yields_one_row(database_url: str) -> 
     rows = await asyncio.gather(*(store.ensure_session(SessionInfo(key="same")) for _ in range(5)))
     assert len({r.id for r in rows}) == 1
     await store.close()
+
+
+# -- SQLite: hot-path steps on the event loop ------------------------------------------------
+
+
+def _count_thread_steps(store: Store) -> list[int]:
+    """Count the steps the store hands to its database thread."""
+    calls: list[int] = []
+    run = store._run
+
+    async def counting(fn):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return await run(fn)
+
+    store._run = counting  # type: ignore[method-assign]
+    return calls
+
+
+async def test_sqlite_hot_steps_run_on_the_loop_while_the_database_thread_is_idle(
+    tmp_path: Path,
+) -> None:
+    store = await make_store(f"sqlite:///{tmp_path / 'g.db'}")
+    thread_steps = _count_thread_steps(store)
+    info = SessionInfo(key="k")
+    _sid, row = await store.accept_inbound(info, inbound("hello", "m1"))
+    assert row is not None and row.session_id is not None
+    session, claimed = await store.claim_turn("k", lambda _s: None)
+    assert session is not None and [r.content for r in claimed] == ["hello"]
+    await store.finish_turn(
+        row.session_id, Message(role="assistant", content="hi"), [row.id or 0], TurnUsage(5, 1)
+    )
+    assert thread_steps == []
+    _summary, _after, history = await store.summary_and_history(row.session_id)
+    assert [m.content for m in history] == ["hello", "hi"]
+    await store.close()
+
+
+async def test_sqlite_hot_step_waits_on_the_thread_not_the_loop_when_another_process_writes(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "g.db"
+    store = await make_store(f"sqlite:///{path}")
+    await store.accept_inbound(SessionInfo(key="k"), inbound("first", "m1"))
+    thread_steps = _count_thread_steps(store)
+    other = sqlite3.connect(path, isolation_level=None)  # e.g. `gatehouse pairing approve`
+    other.execute("BEGIN IMMEDIATE")
+    accepting = asyncio.create_task(store.accept_inbound(SessionInfo(key="k"), inbound("x", "m2")))
+    ticks = 0
+    for _ in range(5):  # the loop keeps running while the step waits for the lock
+        await asyncio.sleep(0.01)
+        ticks += 1
+    assert not accepting.done() and ticks == 5
+    other.execute("COMMIT")
+    other.close()
+    _sid, row = await asyncio.wait_for(accepting, 10)
+    assert row is not None and row.content == "x"
+    assert thread_steps == [1]
+    await store.close()
+
+
+async def test_sqlite_hot_steps_queue_behind_a_busy_database_thread_in_order(
+    tmp_path: Path,
+) -> None:
+    store = await make_store(f"sqlite:///{tmp_path / 'g.db'}")
+    thread_steps = _count_thread_steps(store)
+    started = threading.Event()
+
+    def slow() -> None:
+        started.set()
+        time.sleep(0.2)
+
+    busy = asyncio.create_task(store._run(slow))
+    await asyncio.to_thread(started.wait, 5)
+    # The thread is busy: this step must not overtake it (nor a message queued before it).
+    _sid, row = await store.accept_inbound(SessionInfo(key="k"), inbound("after", "m1"))
+    assert busy.done() and row is not None
+    assert len(thread_steps) == 2
+    await store.close()
+
+
+async def test_sqlite_inline_writes_leave_wal_checkpoints_to_the_database_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(db, "CHECKPOINT_EVERY", 3)
+    path = tmp_path / "g.db"
+    store = await make_store(f"sqlite:///{path}")
+    thread_steps = _count_thread_steps(store)
+    for i in range(3):
+        await store.accept_inbound(SessionInfo(key="k"), inbound(f"m{i}", f"m{i}"))
+    await asyncio.gather(*store._checkpoints)
+    assert thread_steps == [1]
+    await store.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 3
