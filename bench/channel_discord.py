@@ -26,7 +26,6 @@ import asyncio
 import itertools
 import logging
 import re
-import statistics
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -36,7 +35,14 @@ import discord.gateway
 import discord.http
 import yarl
 
-from bench.common import WITH_MODEL, bench_gateway, floors_and_gatehouse, model_call, pct
+from bench.common import (
+    ROUNDS,
+    WITH_MODEL,
+    bench_gateway,
+    channel_row,
+    floors_and_gatehouse,
+    model_call,
+)
 from channels.discord import DiscordChannel, discord_intents
 from tests.fakes.discord_server import FakeDiscord, RecordedCall
 
@@ -89,14 +95,7 @@ async def _drive(fake: FakeDiscord, messages: int, concurrency: int, label: str)
         wall = time.perf_counter() - started
     finally:
         fake.listeners.remove(on_call)
-    return {
-        "platform": PLATFORM,
-        "path": label,
-        "messages": len(latencies),
-        "msgs_per_s": len(latencies) / wall if wall > 0 else 0.0,
-        "p50_ms": statistics.median(latencies),
-        "p99_ms": pct(latencies, 0.99),
-    }
+    return channel_row(PLATFORM, label, len(latencies), wall, [ms / 1000 for ms in latencies])
 
 
 async def _with_endpoints(fake: FakeDiscord, run: Callable[[], Awaitable[Any]]) -> Any:
@@ -158,10 +157,14 @@ async def measure_gatehouse(messages: int, concurrency: int) -> dict[str, Any]:
             return await _drive(fake, messages, concurrency, GATEHOUSE)
 
 
-async def measure(messages: int = 200, concurrency: int = 20) -> list[dict[str, Any]]:
+async def measure(
+    messages: int = 200, concurrency: int = 20, rounds: int = ROUNDS
+) -> list[dict[str, Any]]:
     """The bare discord.py echo bot (the floor), the same bot asking the model first, then
     Gatehouse."""
-    return await floors_and_gatehouse(measure_bare, measure_gatehouse, messages, concurrency)
+    return await floors_and_gatehouse(
+        measure_bare, measure_gatehouse, messages, concurrency, rounds
+    )
 
 
 def _print(rows: list[dict[str, Any]]) -> None:

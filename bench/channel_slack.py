@@ -36,7 +36,14 @@ from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp, AsyncSay
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bench.common import WITH_MODEL, bench_gateway, channel_row, floors_and_gatehouse, model_call
+from bench.common import (
+    ROUNDS,
+    WITH_MODEL,
+    bench_gateway,
+    channel_row,
+    floors_and_gatehouse,
+    model_call,
+)
 from channels.slack import SlackChannel
 from tests.fakes.slack_server import ApiCall, FakeSlack, im_message
 
@@ -116,9 +123,11 @@ async def _gatehouse(messages: int, concurrency: int) -> dict[str, Any]:
     return channel_row("slack", "gatehouse", messages, wall, latencies)
 
 
-async def measure(messages: int = 200, concurrency: int = 20) -> list[dict[str, Any]]:
+async def measure(
+    messages: int = 200, concurrency: int = 20, rounds: int = ROUNDS
+) -> list[dict[str, Any]]:
     """The bare bolt echo floor, the same app asking the model first, and Gatehouse."""
-    return await floors_and_gatehouse(_bare, _gatehouse, messages, concurrency)
+    return await floors_and_gatehouse(_bare, _gatehouse, messages, concurrency, rounds)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,14 @@ from typing import Any
 from telegram import Update
 from telegram.ext import ApplicationBuilder, ContextTypes, MessageHandler, filters
 
-from bench.common import WITH_MODEL, bench_gateway, channel_row, floors_and_gatehouse, model_call
+from bench.common import (
+    ROUNDS,
+    WITH_MODEL,
+    bench_gateway,
+    channel_row,
+    floors_and_gatehouse,
+    model_call,
+)
 from channels.telegram import TelegramChannel
 from tests.fakes.telegram_server import Call, FakeTelegram
 
@@ -120,9 +127,11 @@ async def _gatehouse(messages: int, concurrency: int) -> dict[str, Any]:
     return channel_row("telegram", "gatehouse", messages, wall, latencies)
 
 
-async def measure(messages: int = 200, concurrency: int = 20) -> list[dict[str, Any]]:
+async def measure(
+    messages: int = 200, concurrency: int = 20, rounds: int = ROUNDS
+) -> list[dict[str, Any]]:
     """The bare PTB echo floor, the same bot asking the model first, and Gatehouse."""
-    return await floors_and_gatehouse(_bare, _gatehouse, messages, concurrency)
+    return await floors_and_gatehouse(_bare, _gatehouse, messages, concurrency, rounds)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import WITH_MODEL
+from bench.common import ROUNDS, WITH_MODEL
 
 PLATFORMS = ("telegram", "slack", "discord")
 
@@ -38,6 +38,8 @@ async def main() -> None:
     parser.add_argument("--concurrency", type=int, default=20)
     parser.add_argument("--only", choices=PLATFORMS, action="append")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--rounds", type=int, default=ROUNDS,
+                        help="runs of each path, interleaved; each number is their median")
     parser.add_argument("--quick", action="store_true", help="60 messages, 10 at a time")
     args = parser.parse_args()
     if args.quick:
@@ -45,11 +47,12 @@ async def main() -> None:
     rows: list[dict[str, Any]] = []
     for platform in args.only or PLATFORMS:
         module = importlib.import_module(f"bench.channel_{platform}")
-        rows.extend(await module.measure(args.messages, args.concurrency))
+        rows.extend(await module.measure(args.messages, args.concurrency, args.rounds))
     table = Table(
-        title=f"channels: {args.messages} messages, {args.concurrency} at a time, zero-latency LLM"
+        title=f"channels: {args.messages} messages, {args.concurrency} at a time, zero-latency LLM "
+        f"(median of {args.rounds} interleaved rounds)"
     )
-    columns = ("platform", "path", "msgs/s", "p50 ms", "p99 ms", "p50 vs bare",
+    columns = ("platform", "path", "msgs/s", "p50 ms", "p99 ms", "mean ms", "p50 vs bare",
                "p50 vs bare + model", "goal ≤ 2×")
     for col in columns:
         table.add_column(col, justify="left" if col in ("platform", "path") else "right")
@@ -64,7 +67,7 @@ async def main() -> None:
         goal = None if over_asks is None else over_asks <= 2
         table.add_row(
             row["platform"], row["path"], f"{row['msgs_per_s']:.0f}", f"{row['p50_ms']:.2f}",
-            f"{row['p99_ms']:.2f}",
+            f"{row['p99_ms']:.2f}", f"{row['mean_ms']:.2f}",
             "" if ratio is None else f"×{ratio:.2f}",
             "" if over_asks is None else f"×{over_asks:.2f}",
             "" if goal is None else ("ok" if goal else "MISSED"),
