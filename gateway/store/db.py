@@ -8,16 +8,17 @@ driver paid ~130 round trips and ~40 ms a message.
 SQLite (WAL) runs steps on one database thread, so this process's writes never contend; each
 write transaction starts with BEGIN IMMEDIATE, so another process (the CLI) waits on the busy
 timeout instead of failing mid-transaction. The hot-path steps (`_fast`, ~0.1 ms of SQLite each)
-run right on the event loop while that thread is idle: handing one to a thread cost more than
-the step (a future, a wake-up, and up to a 5 ms GIL switch interval when the loop is busy, which
-capped a loaded gateway at ~200 steps a second). They never wait there: with the write lock
-held by another process they go to the thread, which waits on the busy timeout instead.
+run right on the event loop: handing one to a thread cost more than the step (a future, a
+wake-up, a GIL hand-off). While that thread is busy they wait for it in arrival order (`_fast`).
+They never wait for a lock on the loop: with the write lock held by another process they go to
+the thread, which waits on the busy timeout instead.
 PostgreSQL runs every step on a small thread pool (psycopg): its steps wait on the network.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hashlib
 import logging
@@ -162,6 +163,9 @@ class Store:
         self._inline_writes = 0
         self._busy_lock = threading.Lock()
         self._busy = 0  # steps submitted to the database thread(s) and not yet finished
+        # SQLite steps waiting for the thread to go idle, in arrival order (see `_fast`).
+        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._granted = False  # a waiter was told to go and has not run yet
         self._checkpoints: set[asyncio.Task[None]] = set()
         self._integrity_errors: tuple[type[BaseException], ...] = (
             IntegrityError,
@@ -204,16 +208,47 @@ class Store:
     async def _run(self, fn: Callable[[], T]) -> T:
         if self._executor is None:  # first use, or used again after close() like an engine
             self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="gatehouse-db")
+        loop = asyncio.get_running_loop()
         with self._busy_lock:
             self._busy += 1
         # Counted until the thread is done with it, even if the awaiting task is cancelled.
         future = self._executor.submit(fn)
-        future.add_done_callback(self._done)
+        future.add_done_callback(lambda _f: self._done(loop))
         return await asyncio.wrap_future(future)
 
-    def _done(self, _future: Any) -> None:
+    def _done(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the database thread: one step fewer; the loop lets the next waiter go."""
         with self._busy_lock:
             self._busy -= 1
+            idle = self._busy == 0
+        if idle and self.is_sqlite:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(self._next)
+
+    def _next(self) -> None:
+        """Let the first waiting step run, if the thread is idle and no one else was let go."""
+        if self._busy or self._granted:
+            return
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                self._granted = True
+                return
+
+    async def _my_turn(self) -> None:
+        """Wait, in arrival order, until the database thread is idle and earlier steps ran."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiter)
+        self._next()
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():  # let go, but will not run: pass it on
+                self._granted = False
+                self._next()
+            raise
+        self._granted = False
 
     async def _read(self, fn: Callable[[Session], T]) -> T:
         """Run `fn` in a read transaction on the database thread."""
@@ -236,16 +271,22 @@ class Store:
     async def _fast(self, fn: Callable[[Any], T], *, write: bool = False) -> T:
         """Run `fn(cursor)` in one transaction on a driver connection of its own.
 
-        SQLite: right here on the event loop while the database thread is idle (so steps keep
-        their order), else on that thread. See the module docstring for why.
+        SQLite: right here on the event loop. While the database thread is busy (an ORM step,
+        a checkpoint, a step waiting for another process's lock) it waits for it, in arrival
+        order, so steps never overtake each other; sending it to the thread instead would queue
+        every later step there too, each then paying the hop. See the module docstring for why.
         """
-        if self.is_sqlite and self._busy == 0:
+        if self.is_sqlite:
+            if self._busy or self._waiting or self._granted:
+                await self._my_turn()
             try:
                 return self._transaction(self._inline_connection(), fn, write)
             except sqlite3.OperationalError as exc:
                 if not _is_locked(exc):
                     raise
                 # Another process holds the lock: wait for it on the thread, not on the loop.
+            finally:
+                self._next()
 
         def step() -> T:
             conn = getattr(self._local, "conn", None)

@@ -172,23 +172,36 @@ async def test_sqlite_hot_step_waits_on_the_thread_not_the_loop_when_another_pro
     await store.close()
 
 
-async def test_sqlite_hot_steps_queue_behind_a_busy_database_thread_in_order(
+async def test_sqlite_hot_steps_wait_for_a_busy_database_thread_in_arrival_order(
     tmp_path: Path,
 ) -> None:
     store = await make_store(f"sqlite:///{tmp_path / 'g.db'}")
     thread_steps = _count_thread_steps(store)
-    started = threading.Event()
+    started, finished = threading.Event(), threading.Event()
 
-    def slow() -> None:
+    def slow() -> None:  # an ORM step or a checkpoint holding the thread
         started.set()
         time.sleep(0.2)
+        finished.set()
 
     busy = asyncio.create_task(store._run(slow))
     await asyncio.to_thread(started.wait, 5)
-    # The thread is busy: this step must not overtake it (nor a message queued before it).
-    _sid, row = await store.accept_inbound(SessionInfo(key="k"), inbound("after", "m1"))
-    assert busy.done() and row is not None
-    assert len(thread_steps) == 2
+    info = SessionInfo(key="k")
+    first = asyncio.create_task(store.accept_inbound(info, inbound("first", "m1")))
+    doomed = asyncio.create_task(store.accept_inbound(info, inbound("never", "m2")))
+    second = asyncio.create_task(store.accept_inbound(info, inbound("second", "m3")))
+    await asyncio.sleep(0.05)
+    assert not first.done() and not second.done()  # waiting, not overtaking the thread
+    doomed.cancel()  # a waiter that gives up does not hold up the ones behind it
+    (_s1, row1), (_s2, row2) = await asyncio.wait_for(asyncio.gather(first, second), 10)
+    assert finished.is_set()
+    assert row1 is not None and row2 is not None and (row1.id or 0) < (row2.id or 0)
+    assert thread_steps == [1]  # then they ran on the loop, the thread's hop no longer paid
+    await busy
+    assert [r.content for r in (await store.claim_turn("k", lambda _s: None))[1]] == [
+        "first",
+        "second",
+    ]
     await store.close()
 
 
