@@ -76,7 +76,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from aiohttp import ClientError, web
+from aiohttp import ClientError, ClientSession, ClientTimeout, web
 from markdown_it import MarkdownIt
 from markdown_it.tree import SyntaxTreeNode
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
@@ -319,6 +319,10 @@ class SlackChannel:
     # -- lifecycle --------------------------------------------------------------------------
 
     async def start(self, on_message: InboundHandler) -> None:
+        if self.client.session is None or self.client.session.closed:
+            # One connection pool for every Web API call: without a session slack_sdk opens
+            # (and closes) a new one, so a new TCP connection, per call.
+            self.client.session = ClientSession(timeout=ClientTimeout(total=self.client.timeout))
         auth = await self.client.auth_test()
         self._identify(auth.get("user_id"), auth.get("bot_id"))
         self._handler = on_message
@@ -361,6 +365,9 @@ class SlackChannel:
             if pending:
                 log.warning("slack: %d inbound message(s) still in flight at stop", len(pending))
         self._handler = None
+        session, self.client.session = self.client.session, None
+        if session is not None:
+            await session.close()
 
     def add_routes(self, app: web.Application) -> None:
         """Mount ``POST /slack/events`` (HTTP mode) on the gateway's aiohttp application."""

@@ -335,6 +335,25 @@ async def test_long_reply_is_chunked_with_balanced_fences(
     assert joined.rstrip().endswith("Done.")
 
 
+async def test_web_api_calls_share_one_connection_until_stop(
+    fake: FakeSlack, collector: Collector
+) -> None:
+    channel = SlackChannel(
+        SlackSettings(bot_token="xoxb-test", app_token="xapp-test", base_url=fake.api_url)
+    )
+    await channel.start(collector)
+    for text in ("one", "two", "three"):
+        await channel.send(
+            OutboundMessage(platform="slack", chat_id="D0000DM01", text=text, session_key="k")
+        )
+    session = channel.client.session
+    await channel.stop()
+    # slack_sdk alone opens a new session, so a new TCP connection, for every call.
+    peers = {call.peer for call in fake.calls if call.method in ("auth.test", "chat.postMessage")}
+    assert len(peers) == 1
+    assert session is not None and session.closed and channel.client.session is None
+
+
 async def test_outbound_text_is_escaped(fake: FakeSlack, socket_channel: SlackChannel) -> None:
     await socket_channel.send(
         OutboundMessage(platform="slack", chat_id="C1", text="if a < b && b > c", session_key="k")

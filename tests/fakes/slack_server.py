@@ -338,6 +338,8 @@ class ApiCall:
     headers: dict[str, str] = field(default_factory=dict)
     status: int = 200
     at: float = field(default_factory=time.perf_counter)
+    peer: str = ""
+    """The client's address and port: one per TCP connection."""
 
 
 class FakeSlack(LoopbackServer):
@@ -483,16 +485,19 @@ class FakeSlack(LoopbackServer):
                 params.update(parse_qsl(raw, keep_blank_values=True))
         auth = request.headers.get("Authorization", "")
         token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else params.get("token")
+        peer = str(request.transport.get_extra_info("peername") if request.transport else "")
         limits = self._rate_limits.get(method)
         if limits:
             retry_after = limits.pop(0)
-            await self._record(ApiCall(method, params, token, dict(request.headers), status=429))
+            await self._record(
+                ApiCall(method, params, token, dict(request.headers), status=429, peer=peer)
+            )
             return web.json_response(
                 {"ok": False, "error": "ratelimited"},
                 status=429,
                 headers={"Retry-After": str(retry_after)},
             )
-        await self._record(ApiCall(method, params, token, dict(request.headers)))
+        await self._record(ApiCall(method, params, token, dict(request.headers), peer=peer))
 
         failures = self._failures.get(method)
         if failures:
