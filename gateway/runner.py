@@ -183,9 +183,7 @@ class Runner:
             answers=tuple(r.platform_message_id for r in claimed if r.platform_message_id),
         )
         preview = self.previews(outbound) if self.previews is not None else None
-        typing = asyncio.create_task(
-            self._keep_typing(outbound.platform, outbound.chat_id, outbound.thread_id)
-        )
+        stop_typing = self._typing_later(outbound.platform, outbound.chat_id, outbound.thread_id)
         try:
             reply = await self._converse(session, claimed, stats, preview)
         except asyncio.CancelledError:
@@ -202,7 +200,7 @@ class Runner:
             reply = exc.user_message
             status = ERROR_STATUS
         finally:
-            typing.cancel()
+            stop_typing()
             if preview is not None:
                 preview.close()
         reply_message = Message(role="assistant", content=reply)
@@ -400,15 +398,35 @@ class Runner:
             detail=exc.detail,
         )
 
-    async def _keep_typing(self, platform: str, chat_id: str, thread_id: str | None) -> None:
-        """Show "typing…" while the turn runs (platforms expire it after ~5 s).
+    def _typing_later(
+        self, platform: str, chat_id: str, thread_id: str | None
+    ) -> Callable[[], None]:
+        """Show "typing…" once the turn has run `typing_delay_ms`; returns what stops it.
 
-        Not for a reply that is ready within `typing_delay_ms`: the indicator would only flash,
-        and it costs one platform API call per message.
+        Not for a reply that is ready sooner: the indicator would only flash, and it costs one
+        platform API call per message. A timer, not a task, until then: most turns never need
+        one.
         """
         if self.typing is None:
-            return
-        await asyncio.sleep(self.config.gateway.typing_delay_ms / 1000)
+            return _nothing
+        loop = asyncio.get_running_loop()
+        shown: list[asyncio.Task[None]] = []
+
+        def start() -> None:
+            shown.append(loop.create_task(self._keep_typing(platform, chat_id, thread_id)))
+
+        timer = loop.call_later(self.config.gateway.typing_delay_ms / 1000, start)
+
+        def stop() -> None:
+            timer.cancel()
+            for task in shown:
+                task.cancel()
+
+        return stop
+
+    async def _keep_typing(self, platform: str, chat_id: str, thread_id: str | None) -> None:
+        """Show "typing…" until cancelled (platforms expire it after ~5 s, so it is renewed)."""
+        assert self.typing is not None
         while True:
             try:
                 await self.typing(platform, chat_id, thread_id)
@@ -793,3 +811,7 @@ def _facts_line(plan: ContextPlan) -> str:
         f"prompt={tokens.get('prompt')} flush_in={f.get('to_flush')} "
         f"compact_in={f.get('to_compaction')} tier={f.get('tier')}"
     )
+
+
+def _nothing() -> None:
+    """Nothing to stop."""

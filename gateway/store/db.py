@@ -626,7 +626,14 @@ class Store:
         ids = list(handled_ids)
 
         def op(cursor: Any) -> int | None:
-            seq = self._hot.allocate_seqs(cursor, session_id, 1)
+            seq = self._hot.finish_turn(
+                cursor,
+                session_id,
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                error=error,
+                token_ratio=token_ratio,
+            )
             self._insert_reply(cursor, session_id, seq, reply, reply_status)
             outbox_id = None
             if outbound is not None:
@@ -637,14 +644,6 @@ class Store:
             self._hot.mark_handled(cursor, ids, None)
             if token_counts:
                 self._hot.set_tokens(cursor, token_counts)
-            self._hot.count_turn(
-                cursor,
-                session_id,
-                prompt_tokens=usage.prompt_tokens,
-                completion_tokens=usage.completion_tokens,
-                error=error,
-                token_ratio=token_ratio,
-            )
             return outbox_id
 
         return await self._fast(op, write=True)

@@ -58,7 +58,7 @@ class Dialect:
         # SQLAlchemy's SQLite DATETIME text format (UTC, no offset), so ORM reads keep working;
         # PostgreSQL columns are timestamptz.
         utc = value.astimezone(UTC)
-        return utc.replace(tzinfo=None).strftime("%Y-%m-%d %H:%M:%S.%f") if self.sqlite else utc
+        return utc.replace(tzinfo=None).isoformat(" ", "microseconds") if self.sqlite else utc
 
     def load_time(self, value: Any) -> datetime | None:
         if value is None:
@@ -154,12 +154,13 @@ INSERT_OUTBOX = (
     f"INSERT INTO outbox ({', '.join(map(_quoted, _OUTBOX))}) "
     f"VALUES ({', '.join(':' + c for c in _OUTBOX)}) RETURNING id"
 )
-COUNT_TURN = (
-    "UPDATE sessions SET turns = turns + 1, last_error = :error, "
+FINISH_TURN = (
+    "UPDATE sessions SET next_seq = next_seq + 1, updated_at = :now, turns = turns + 1, "
+    "last_error = :error, "
     "token_ratio = COALESCE(:ratio, token_ratio), "
     "last_prompt_tokens = COALESCE(:prompt, last_prompt_tokens), "
     "tokens_in = tokens_in + COALESCE(:prompt, 0), "
-    "tokens_out = tokens_out + COALESCE(:completion, 0) WHERE id = :id"
+    "tokens_out = tokens_out + COALESCE(:completion, 0) WHERE id = :id RETURNING next_seq"
 )
 LATEST_COMPACTION = _select(
     "compactions",
@@ -253,7 +254,7 @@ class HotPath:
         }
         return int(self._one(cursor, INSERT_OUTBOX, params)[0])
 
-    def count_turn(
+    def finish_turn(
         self,
         cursor: Any,
         session_id: int,
@@ -262,16 +263,18 @@ class HotPath:
         completion_tokens: int | None,
         error: str | None,
         token_ratio: float | None,
-    ) -> None:
-        """Usage counters and the turn's outcome; unknown usage leaves the counters alone."""
+    ) -> int:
+        """The reply's seq (allocated atomically) and the turn's usage counters and outcome, in
+        one statement on the session row; unknown usage leaves the counters alone."""
         params = {
             "id": session_id,
+            "now": self.d.dump_time(utcnow()),
             "error": error,
             "ratio": token_ratio,
             "prompt": prompt_tokens,
             "completion": completion_tokens,
         }
-        cursor.execute(self.d.sql(COUNT_TURN), params)
+        return int(self._one(cursor, FINISH_TURN, params)[0]) - 1
 
     def history(self, cursor: Any, session_id: int, after_seq: int) -> list[Message]:
         cursor.execute(self.d.sql(HISTORY), {"session_id": session_id, "after": after_seq})

@@ -91,3 +91,34 @@ async def test_redelivered_update_is_answered_once(
     await asyncio.sleep(0.3)
     assert len(tg.calls_to("sendMessage")) == 1
     assert len(fake_llm.requests) == 1
+
+
+async def test_typing_shows_for_a_slow_turn_only(
+    make_config: MakeConfig, tg: FakeTelegram, fake_llm: FakeOpenAI
+) -> None:
+    config = make_config(
+        fake_llm,
+        gateway={"typing_delay_ms": 100},
+        channels={
+            "telegram": {
+                "enabled": True, "token": tg.token, "base_url": tg.base_url, "dm_policy": "open"
+            }
+        },
+    )
+    gw = Gateway(config)
+    gw.add_channel(TelegramChannel(config.channels.telegram))
+    await gw.start()
+    try:
+        tg.private_message(7, "quick one")
+        await tg.wait_for_call("sendMessage", where=_to(7))
+        assert tg.calls_to("sendChatAction") == []  # answered within the delay: no flash
+
+        fake_llm.latency = 0.6
+        tg.private_message(7, "slow one")
+        await tg.wait_for_call("sendMessage", n=2, where=_to(7))
+        [action] = tg.calls_to("sendChatAction")
+        assert action["chat_id"] == 7 and action["action"] == "typing"
+        await asyncio.sleep(0.2)
+        assert len(tg.calls_to("sendChatAction")) == 1  # stopped with the turn
+    finally:
+        await gw.stop(grace=2)
