@@ -27,7 +27,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROUNDS, WITH_MODEL
+from bench.common import ROUNDS, WITH_MODEL, paired_ratio
 
 PLATFORMS = ("telegram", "slack", "discord")
 
@@ -60,8 +60,10 @@ async def main() -> None:
         same = [r for r in rows if r["platform"] == row["platform"]]
         bare = next(r for r in same if r["path"] != "gatehouse" and WITH_MODEL not in r["path"])
         asks = next((r for r in same if WITH_MODEL in r["path"]), None)
-        ratio = row["p50_ms"] / bare["p50_ms"] if row is not bare else None
-        over_asks = row["p50_ms"] / asks["p50_ms"] if asks and row["path"] == "gatehouse" else None
+        ratio = paired_ratio(row, bare, "p50_ms") if row is not bare else None
+        over_asks = (
+            paired_ratio(row, asks, "p50_ms") if asks and row["path"] == "gatehouse" else None
+        )
         # The gateway's own overhead: against the bare bot making the same one model call (the
         # echo bot makes none, and one SDK call alone outweighs a Discord round trip).
         goal = None if over_asks is None else over_asks <= 2

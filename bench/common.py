@@ -136,14 +136,28 @@ async def floors_and_gatehouse(
     return [median_row(path_runs) for path_runs in runs]
 
 
+_MEASURES = ("msgs_per_s", "p50_ms", "p99_ms", "mean_ms")
+
+
 def median_row(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One path's row over several runs: each number the median of its runs."""
+    """One path's row over several runs: each number the median of its runs, which are kept
+    (`runs`) so ratios can be taken round by round (`paired_ratio`)."""
     row = dict(runs[0])
-    for key in ("msgs_per_s", "p50_ms", "p99_ms", "mean_ms"):
+    for key in _MEASURES:
         if all(key in run for run in runs):
             row[key] = statistics.median(run[key] for run in runs)
     row["rounds"] = len(runs)
+    row["runs"] = [{k: run[k] for k in _MEASURES if k in run} for run in runs]
     return row
+
+
+def paired_ratio(row: dict[str, Any], floor: dict[str, Any], key: str) -> float:
+    """`row[key] / floor[key]`, as the median of the ratios within each round: both paths ran
+    minutes apart at most there, so a change of the machine's speed between rounds cancels."""
+    mine, theirs = row.get("runs"), floor.get("runs")
+    if mine and theirs and len(mine) == len(theirs):
+        return statistics.median(a[key] / b[key] for a, b in zip(mine, theirs, strict=True))
+    return float(row[key]) / float(floor[key])
 
 
 def pct(values: Sequence[float], q: float) -> float:

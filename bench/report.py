@@ -31,6 +31,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import paired_ratio
+
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 REPORT_MD = BENCH / "REPORT.md"
@@ -195,7 +199,7 @@ def rows_channels(r: list[dict[str, Any]]) -> list[Row]:
             for q in ("p50", "p99"):
                 rows.append((
                     name, f"latency {q}", _ms(gh[f"{q}_ms"]), _ms(floor[f"{q}_ms"]),
-                    floor["path"], f"{gh[f'{q}_ms'] / floor[f'{q}_ms']:.1f}× the floor",
+                    floor["path"], f"{paired_ratio(gh, floor, f'{q}_ms'):.1f}× the floor",
                 ))
     return rows
 
