@@ -16,13 +16,50 @@ from gateway.config import Config, parse_config
 ROOT = Path(__file__).resolve().parent.parent
 
 _SERVE_FAKE_LLM = """
-import asyncio
-from tests.fakes import FakeOpenAI
+import asyncio, json, socket, time
+from aiohttp import web
+
+# A zero-latency OpenAI-compatible echo model, as lean as a server can be: it shares the
+# machine's two cores with what is measured, so every microsecond it spends is billed to the
+# paths that call it, the more the larger their requests. (tests.fakes.FakeOpenAI records
+# and scripts every request, estimates tokens message by message: right for tests, and ~3x
+# the CPU per request here.)
+
+async def chat(request):
+    raw = await request.read()
+    body = json.loads(raw)
+    text = ""
+    for message in reversed(body.get("messages") or []):
+        if message.get("role") == "user":
+            content = message.get("content")
+            text = content if isinstance(content, str) else ""
+            break
+    reply = "echo: " + text
+    prompt, completion = len(raw) // 4, len(reply) // 4 + 1
+    return web.json_response({
+        "id": "chatcmpl-bench", "object": "chat.completion", "created": int(time.time()),
+        "model": body.get("model", "fake-model"),
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": reply}}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                  "total_tokens": prompt + completion},
+    })
+
+async def models(request):
+    return web.json_response({"object": "list", "data": [
+        {"id": "fake-model", "object": "model", "created": 0, "owned_by": "bench"}]})
 
 async def main():
-    async with FakeOpenAI() as llm:
-        print(llm.base_url, flush=True)
-        await asyncio.Event().wait()
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/v1/models", models)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    await web.SockSite(runner, sock).start()
+    print(f"http://127.0.0.1:{sock.getsockname()[1]}/v1", flush=True)
+    await asyncio.Event().wait()
 
 asyncio.run(main())
 """

@@ -190,11 +190,16 @@ def rows_pipeline(r: dict[str, Any]) -> list[Row]:
 
 def rows_channels(r: list[dict[str, Any]]) -> list[Row]:
     rows: list[Row] = []
-    for platform_name in dict.fromkeys(row["platform"] for row in r):
-        same = [x for x in r if x["platform"] == platform_name]
+    groups = dict.fromkeys((row["platform"], row.get("concurrency")) for row in r)
+    for platform_name, concurrency in groups:
+        same = [
+            x for x in r
+            if x["platform"] == platform_name and x.get("concurrency") == concurrency
+        ]
         gh = next(x for x in same if x["path"] == "gatehouse")
         floors = [x for x in same if x["path"] != "gatehouse"]
-        name = f"{platform_name.capitalize()} end to end, {gh['messages']} messages"
+        at_a_time = f", {concurrency} at a time" if concurrency is not None else ""
+        name = f"{platform_name.capitalize()} end to end, {gh['messages']} messages{at_a_time}"
         for floor in floors:  # the echo bot, then the same bot asking the model first
             for q in ("p50", "p99"):
                 rows.append((
@@ -350,9 +355,12 @@ def draw_charts(results: dict[str, Any]) -> list[tuple[str, str]]:
         pairs.append(("webchat\n(openai SDK)", gh["p50_ms"], floor["p50_ms"]))
     ch = _result(results, "channels")
     if ch:
-        for platform_name in dict.fromkeys(row["platform"] for row in ch):
-            gh = next(x for x in ch if x["platform"] == platform_name and x["path"] == "gatehouse")
-            bare = next(x for x in ch if x["platform"] == platform_name and x["path"] != "gatehouse")
+        busiest = max((x.get("concurrency") or 0 for x in ch), default=0)
+        loaded = [x for x in ch if (x.get("concurrency") or 0) == busiest]
+        for platform_name in dict.fromkeys(row["platform"] for row in loaded):
+            same = [x for x in loaded if x["platform"] == platform_name]
+            gh = next(x for x in same if x["path"] == "gatehouse")
+            bare = next(x for x in same if x["path"] != "gatehouse")
             pairs.append((platform_name, gh["p50_ms"], bare["p50_ms"]))
     if pairs:
         fig, ax = plt.subplots(figsize=(5.2, 3.4))
