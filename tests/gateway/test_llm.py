@@ -1,0 +1,75 @@
+"""The model request as it leaves the gateway: body, headers, and the per-message JSON cache."""
+
+from __future__ import annotations
+
+import json
+
+from context.types import Message, ToolCall
+from gateway.config import LLMSection
+from gateway.llm import LLMProvider, RequestEncoder
+from tests.fakes import FakeOpenAI
+
+TOOLS = [{"type": "function", "function": {"name": "t", "parameters": {"type": "object"}}}]
+
+
+def _history() -> list[Message]:
+    return [
+        Message(role="system", content="Be brief. «ünïcode» 数据"),
+        Message(role="user", content="hi", seq=1),
+        Message(
+            role="assistant",
+            content=None,
+            tool_calls=(ToolCall(id="c1", name="t", arguments='{"a": 1}'),),
+            seq=2,
+        ),
+        Message(role="tool", content="result", tool_call_id="c1", name="t", seq=3),
+    ]
+
+
+def test_body_is_the_request_as_json() -> None:
+    messages = _history()
+    body = RequestEncoder().encode({"model": "m", "temperature": 0.5}, messages, TOOLS)
+    assert json.loads(body) == {
+        "model": "m",
+        "temperature": 0.5,
+        "messages": [m.to_openai() for m in messages],
+        "tools": TOOLS,
+    }
+    assert "«ünïcode» 数据".encode() in body  # UTF-8, like the SDK's own encoder
+
+
+def test_known_messages_are_not_encoded_again() -> None:
+    encoder = RequestEncoder(capacity=4)
+    messages = _history()
+    first = encoder.encode({"model": "m"}, messages)
+    calls: list[Message] = []
+
+    class Counting(Message):
+        def to_openai(self) -> dict[str, object]:
+            calls.append(self)
+            return super().to_openai()
+
+    newer = Counting(role="user", content="and now?", seq=4)
+    second = encoder.encode({"model": "m"}, [*messages, newer])
+    assert calls == [newer]
+    assert json.loads(second)["messages"][:4] == json.loads(first)["messages"]
+    assert len(encoder._messages) == 4  # the oldest fell out: the cache stays bounded
+
+
+async def test_the_sdk_sends_it_as_json() -> None:
+    async with FakeOpenAI() as fake:
+        llm = LLMProvider(
+            LLMSection(base_url=fake.base_url, api_key="k", model="fake-model", stream=False)
+        )
+        try:
+            completion = await llm.complete(_history()[:2], TOOLS)
+            streamed = await llm.complete(_history()[:2], stream=True)
+        finally:
+            await llm.close()
+    assert completion.message.content == "echo: hi" and streamed.message.content == "echo: hi"
+    plain, stream = fake.requests
+    assert plain["tools"] == TOOLS and "stream" not in plain
+    assert stream["stream"] is True and stream["stream_options"] == {"include_usage": True}
+    for headers in fake.request_headers:
+        assert headers["content-type"] == "application/json"
+        assert headers["authorization"] == "Bearer k"
