@@ -156,6 +156,8 @@ class LLMProvider:
                         kind="timeout",
                     ) from exc
             except openai.APITimeoutError as exc:
+                if _never_connected(exc):
+                    raise _unreachable(exc) from exc
                 raise LLMError(
                     f"The model did not answer within {self.settings.timeout:g} s "
                     f"({attempts} attempts). Please try again in a moment.",
@@ -193,11 +195,7 @@ class LLMProvider:
                     detail=str(exc),
                 ) from exc
             except openai.APIConnectionError as exc:
-                raise LLMError(
-                    "I can't reach the model endpoint. Is it running? Check [llm] base_url.",
-                    kind="connection",
-                    detail=str(exc),
-                ) from exc
+                raise _unreachable(exc) from exc
             except (openai.APIResponseValidationError, json.JSONDecodeError, ValueError) as exc:
                 if attempt == attempts:
                     raise LLMError(
@@ -320,6 +318,20 @@ class RequestEncoder:
 def _dumps(value: Any) -> bytes:
     """JSON as the openai SDK writes it (UTF-8, compact, no NaN)."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _never_connected(exc: openai.APITimeoutError) -> bool:
+    """The SDK's aiohttp transport reports a refused connection (a stopped server) as a connect
+    *timeout*; it never reached the server, so "did not answer within 60 s" would mislead."""
+    return type(exc.__cause__).__name__ == "ConnectTimeout"
+
+
+def _unreachable(exc: Exception) -> LLMError:
+    return LLMError(
+        "I can't reach the model endpoint. Is it running? Check [llm] base_url.",
+        kind="connection",
+        detail=str(exc.__cause__ or exc),
+    )
 
 
 def _tell(on_text: Callable[[str], None], text: str) -> Callable[[str], None] | None:

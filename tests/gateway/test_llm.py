@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import socket
+
+import pytest
 
 from context.types import Message, ToolCall
 from gateway.config import LLMSection
-from gateway.llm import LLMProvider, RequestEncoder
+from gateway.llm import LLMError, LLMProvider, RequestEncoder
 from tests.fakes import FakeOpenAI
 
 TOOLS = [{"type": "function", "function": {"name": "t", "parameters": {"type": "object"}}}]
@@ -73,3 +76,21 @@ async def test_the_sdk_sends_it_as_json() -> None:
     for headers in fake.request_headers:
         assert headers["content-type"] == "application/json"
         assert headers["authorization"] == "Bearer k"
+
+
+async def test_a_stopped_server_is_unreachable_not_slow() -> None:
+    # The SDK's aiohttp transport reports "connection refused" as a connect timeout.
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    llm = LLMProvider(
+        LLMSection(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
+    )
+    try:
+        with pytest.raises(LLMError) as caught:
+            await llm.complete(_history()[:2])
+    finally:
+        await llm.close()
+    assert caught.value.kind == "connection"
+    assert "can't reach the model endpoint" in caught.value.user_message
