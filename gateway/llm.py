@@ -279,9 +279,11 @@ class RequestEncoder:
     """Chat-completion request bodies, each message's JSON kept from one call to the next.
 
     A session sends mostly the same messages turn after turn (its history), and encoding them
-    all again cost about 1 µs a message: 0.5 ms a turn at 400 messages. A message is known by
-    identity (the runner's history cache hands the same objects back each turn; `Message` is
-    frozen), and the cache holds it, so its id cannot be reused while it is there.
+    all again cost about 1 µs a message: 0.5 ms a turn at 400 messages. A stored message (one
+    with a `seq`) is known by identity (the runner's history cache hands the same objects back
+    each turn; `Message` is frozen), and the cache holds it, so its id cannot be reused while it
+    is there. Messages built for one turn (the system prompt, notices) are encoded, not kept:
+    they would only fill the cache.
     """
 
     def __init__(self, capacity: int = 20_000) -> None:
@@ -299,6 +301,9 @@ class RequestEncoder:
         cache = self._messages
         parts: list[bytes] = []
         for message in messages:
+            if message.seq is None:
+                parts.append(_dumps(message.to_openai()))
+                continue
             hit = cache.get(id(message))
             if hit is None:
                 hit = cache[id(message)] = (message, _dumps(message.to_openai()))

@@ -42,7 +42,7 @@ def test_body_is_the_request_as_json() -> None:
 
 
 def test_known_messages_are_not_encoded_again() -> None:
-    encoder = RequestEncoder(capacity=4)
+    encoder = RequestEncoder(capacity=3)
     messages = _history()
     first = encoder.encode({"model": "m"}, messages)
     calls: list[Message] = []
@@ -56,7 +56,9 @@ def test_known_messages_are_not_encoded_again() -> None:
     second = encoder.encode({"model": "m"}, [*messages, newer])
     assert calls == [newer]
     assert json.loads(second)["messages"][:4] == json.loads(first)["messages"]
-    assert len(encoder._messages) == 4  # the oldest fell out: the cache stays bounded
+    assert len(encoder._messages) == 3  # the oldest fell out: the cache stays bounded
+    # The system prompt is built anew each turn: encoded, never kept.
+    assert all(kept.seq is not None for kept, _json in encoder._messages.values())
 
 
 async def test_the_sdk_sends_it_as_json() -> None:
