@@ -209,6 +209,8 @@ class Store:
         if self._executor is None:  # first use, or used again after close() like an engine
             self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="gatehouse-db")
         loop = asyncio.get_running_loop()
+        if not self.is_sqlite:  # nothing waits for PostgreSQL's threads to go idle
+            return await loop.run_in_executor(self._executor, fn)
         with self._busy_lock:
             self._busy += 1
         # Counted until the thread is done with it, even if the awaiting task is cancelled.
@@ -221,7 +223,7 @@ class Store:
         with self._busy_lock:
             self._busy -= 1
             idle = self._busy == 0
-        if idle and self.is_sqlite:
+        if idle:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
                 loop.call_soon_threadsafe(self._next)
 
@@ -280,13 +282,20 @@ class Store:
             if self._busy or self._waiting or self._granted:
                 await self._my_turn()
             try:
-                return self._transaction(self._inline_connection(), fn, write)
+                result = self._transaction(self._inline_connection(), fn, write)
             except sqlite3.OperationalError as exc:
                 if not _is_locked(exc):
+                    self._next()
                     raise
                 # Another process holds the lock: wait for it on the thread, not on the loop.
-            finally:
+                # The next waiter is let go once that step is done (`_done`), not before: it
+                # would overtake it.
+            except BaseException:
                 self._next()
+                raise
+            else:
+                self._next()
+                return result
 
         def step() -> T:
             conn = getattr(self._local, "conn", None)
