@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _SERVE_FAKE_LLM = """
 import asyncio, json, socket, time
 from aiohttp import web
+from tests.fakes.openai_server import last_user_text
 
 # A zero-latency OpenAI-compatible echo model, as lean as a server can be: it shares the
 # machine's two cores with what is measured, so every microsecond it spends is billed to the
@@ -28,13 +29,7 @@ from aiohttp import web
 async def chat(request):
     raw = await request.read()
     body = json.loads(raw)
-    text = ""
-    for message in reversed(body.get("messages") or []):
-        if message.get("role") == "user":
-            content = message.get("content")
-            text = content if isinstance(content, str) else ""
-            break
-    reply = "echo: " + text
+    reply = "echo: " + last_user_text(body)  # what FakeOpenAI's default step answers
     prompt, completion = len(raw) // 4, len(reply) // 4 + 1
     return web.json_response({
         "id": "chatcmpl-bench", "object": "chat.completion", "created": int(time.time()),
