@@ -153,6 +153,7 @@ class FullHistoryEngine:
 
 
 PRUNE_CACHE_SIZE = 4_096
+SYSTEM_COUNTS_KEPT = 64
 TRIMMED_RESULT_TOKENS = 1_000
 """About what a soft-trimmed result costs (1,500 + 1,500 chars): below this room, clear."""
 
@@ -186,6 +187,8 @@ class DefaultContextEngine:
 
     def __init__(self) -> None:
         self._prune_cache: dict[tuple[object, ...], Message] = {}
+        # The system prompt is built anew each turn but rarely changes: {(counter, text): tokens}.
+        self._system_counts: dict[tuple[str, bool, str], int] = {}
 
     def assemble(self, turn: TurnContext) -> ContextPlan:
         settings = turn.settings or default_settings()
@@ -202,7 +205,7 @@ class DefaultContextEngine:
                     counted.append(m)
             return m
 
-        system = count(Message(role="system", content=turn.system_prompt))
+        system = self._system_message(turn.system_prompt, counter)
         head = [count(summary_message(turn.summary))] if turn.summary else []
         if turn.refresh:
             head.append(count(Message(role="system", content=turn.refresh)))
@@ -375,6 +378,18 @@ class DefaultContextEngine:
         ]
         out = [m for i, t in enumerate(turns) if i not in drop for m in t.messages]
         return out, described
+
+    def _system_message(self, text: str, counter: TokenCounter) -> Message:
+        """The system prompt, counted once per distinct text (it is hundreds of tokens)."""
+        key = (counter.name, counter.exact, text)
+        tokens = self._system_counts.get(key)
+        if tokens is None:
+            if len(self._system_counts) >= SYSTEM_COUNTS_KEPT:
+                self._system_counts.clear()
+            tokens = self._system_counts[key] = counter.count_message(
+                Message(role="system", content=text)
+            )
+        return Message(role="system", content=text, tokens=tokens)
 
     def _facts(
         self,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -63,7 +63,11 @@ class Message:
         )
 
     def with_tokens(self, tokens: int) -> Message:
-        return replace(self, tokens=tokens)
+        # Not `dataclasses.replace`: it re-reads the fields every call, several times a turn.
+        return Message(
+            self.role, self.content, self.tool_calls, self.tool_call_id, self.name, self.seq,
+            tokens, self.meta,
+        )
 
     def to_openai(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": self.role, "content": self.content}

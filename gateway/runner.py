@@ -38,6 +38,7 @@ from gateway.memory_tools import MemoryFlush
 from gateway.outbox import DeliveryLog
 from gateway.store import (
     CompactionRow,
+    HistoryRead,
     MessageRow,
     SessionRow,
     Store,
@@ -166,7 +167,10 @@ class Runner:
     # -- a turn -----------------------------------------------------------------------------
 
     async def run_turn(self, session_key: str) -> None:
-        session, claimed = await self.store.claim_turn(session_key, self._group_buffer)
+        # The claim reads the turn's history too (one transaction fewer): see `view`.
+        session, claimed, read = await self.store.claim_turn(
+            session_key, self._group_buffer, self._known
+        )
         if session is None or session.id is None or not claimed:
             return
         started = time.perf_counter()
@@ -185,7 +189,7 @@ class Runner:
         preview = self.previews(outbound) if self.previews is not None else None
         stop_typing = self._typing_later(outbound.platform, outbound.chat_id, outbound.thread_id)
         try:
-            reply = await self._converse(session, claimed, stats, preview)
+            reply = await self._converse(session, claimed, stats, preview, read)
         except asyncio.CancelledError:
             if preview is not None:
                 preview.abort()
@@ -239,6 +243,7 @@ class Runner:
         claimed: list[MessageRow],
         stats: TurnStats,
         preview: PreviewStream | None = None,
+        read: HistoryRead | None = None,
     ) -> str:
         assert session.id is not None
         session_key = session.key
@@ -252,7 +257,8 @@ class Runner:
             claimed = [r for r in claimed if r not in commands]
             if not claimed:
                 return notices[0]
-        text = await self._answer(session, claimed, stats, preview)
+            read = None  # the compaction moved the summary
+        text = await self._answer(session, claimed, stats, preview, read)
         return "\n\n".join([*notices, text])
 
     async def _answer(
@@ -261,6 +267,7 @@ class Runner:
         claimed: list[MessageRow],
         stats: TurnStats,
         preview: PreviewStream | None = None,
+        read: HistoryRead | None = None,
     ) -> str:
         assert session.id is not None
         session_key = session.key
@@ -280,7 +287,7 @@ class Runner:
             raise TurnRefusedError(
                 str(WindowTooSmallError(settings.window.tokens, self.llm.model, settings.window.source))
             )
-        view = await self.view(session.id)
+        view = await self.view(session.id, read=read)
         overflow_retries = 0
         compacted_this_turn = False
         for _round in range(self.config.llm.max_tool_rounds):
@@ -498,23 +505,26 @@ class Runner:
             return
         await self.flush.run(session, plan.messages)
 
-    async def view(self, session_id: int, *, use_cache: bool = True) -> SessionView:
+    async def view(
+        self, session_id: int, *, use_cache: bool = True, read: HistoryRead | None = None
+    ) -> SessionView:
         """Latest summary + the stored messages after its range (only new rows are loaded).
 
         Readers outside the session's lane (the admin UI) pass `use_cache=False`: the cache
-        belongs to the turn in progress."""
+        belongs to the turn in progress. `read` is what the turn's claim already read (for
+        `_known` at that time); used when the cache has not changed since."""
         if not use_cache:
             summary, _after, rows = await self.store.summary_and_history(session_id)
             return SessionView(
                 None if is_reset(summary) else summary,
                 [m for m in rows if m.meta.get("status") not in HIDDEN_STATUSES],
             )
+        known = self._known(session_id)
         cached = self._histories.pop(session_id, None)
-        known = None
-        if cached is not None:
-            last = cached.messages[-1].seq if cached.messages else None
-            known = (cached.after_seq, last or cached.after_seq)
-        summary, after, fresh = await self.store.summary_and_history(session_id, known)
+        if read is not None and read.known == known:
+            summary, after, fresh = read.summary, read.after, read.messages
+        else:
+            summary, after, fresh = await self.store.summary_and_history(session_id, known)
         if cached is None or cached.after_seq != after:
             cached = _Cached(after, [])
         cached.messages.extend(m for m in fresh if m.meta.get("status") not in HIDDEN_STATUSES)
@@ -522,6 +532,14 @@ class Runner:
         while len(self._histories) > self.history_cache_sessions:
             self._histories.pop(next(iter(self._histories)))
         return SessionView(None if is_reset(summary) else summary, cached.messages)
+
+    def _known(self, session_id: int) -> tuple[int, int] | None:
+        """What the cached history holds: (the seq it starts after, its last seq)."""
+        cached = self._histories.get(session_id)
+        if cached is None:
+            return None
+        last = cached.messages[-1].seq if cached.messages else None
+        return (cached.after_seq, last or cached.after_seq)
 
     def _remember_counts(self, session_id: int, counted: Sequence[Message]) -> dict[int, int]:
         """Update the cached history with fresh counts; return {message id: tokens} to store."""

@@ -1,6 +1,6 @@
 """Persistence: SQLModel tables, their migrations and the Store."""
 
-from gateway.store.db import SessionInfo, Store, TurnUsage, row_to_message
+from gateway.store.db import HistoryRead, SessionInfo, Store, TurnUsage, row_to_message
 from gateway.store.models import (
     CompactionRow,
     MemoryFlushRow,
@@ -13,6 +13,7 @@ from gateway.store.models import (
 
 __all__ = [
     "CompactionRow",
+    "HistoryRead",
     "MemoryFlushRow",
     "MessageRow",
     "OutboxRow",

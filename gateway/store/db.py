@@ -96,6 +96,21 @@ class SessionInfo:
     account: str = "default"
 
 
+Known = tuple[int, int] | None
+"""What a cached history holds: (the covered seq it starts after, its last seq); see
+`Store.summary_and_history`."""
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRead:
+    """`Store.summary_and_history`'s answer, and the cache state (`known`) it was read for."""
+
+    known: Known
+    summary: CompactionRow | None
+    after: int
+    messages: list[Message]
+
+
 @dataclass(frozen=True, slots=True)
 class TurnUsage:
     prompt_tokens: int | None = None
@@ -492,11 +507,7 @@ class Store:
 
         def op(cursor: Any) -> tuple[int, MessageRow | None]:
             session_id = self._session_id(cursor, info)
-            if msg.platform_message_id is not None and self._hot.is_duplicate(
-                cursor, msg.platform, msg.chat_id, msg.platform_message_id
-            ):
-                return session_id, None
-            row = self._hot.insert_message(
+            row = self._hot.insert_inbound(
                 cursor,
                 {
                     "session_id": session_id,
@@ -548,15 +559,25 @@ class Store:
         )
 
     async def claim_turn(
-        self, key: str, context_limit: Callable[[SessionRow], int | None]
-    ) -> tuple[SessionRow | None, list[MessageRow]]:
-        """The session and its claimed messages (see `claim_pending`) in one step."""
+        self,
+        key: str,
+        context_limit: Callable[[SessionRow], int | None],
+        known: Callable[[int], Known] | None = None,
+    ) -> tuple[SessionRow | None, list[MessageRow], HistoryRead | None]:
+        """The session and its claimed messages (see `claim_pending`) in one step; with
+        `known` (session id → what the caller's cached history holds, called inside the step),
+        also the turn's `summary_and_history`, saving the turn a transaction of its own."""
 
-        def op(cursor: Any) -> tuple[SessionRow | None, list[MessageRow]]:
+        def op(cursor: Any) -> tuple[SessionRow | None, list[MessageRow], HistoryRead | None]:
             session = self._hot.get_session(cursor, key)
             if session is None or session.id is None:
-                return None, []
-            return session, self._claim(cursor, session.id, context_limit(session))
+                return None, [], None
+            claimed = self._claim(cursor, session.id, context_limit(session))
+            read = None
+            if known is not None and claimed:
+                state = known(session.id)
+                read = HistoryRead(state, *self._summary_and_history(cursor, session.id, state))
+            return session, claimed, read
 
         return await self._fast(op, write=True)
 
@@ -577,23 +598,19 @@ class Store:
             self._hot.set_seqs(cursor, ((r.id, r.seq) for r in unplaced if r.id and r.seq))
         return sorted(rows, key=lambda r: r.seq or 0)
 
-    def _insert_reply(
-        self, cursor: Any, session_id: int, seq: int, m: Message, status: str | None
-    ) -> MessageRow:
-        return self._hot.insert_message(
-            cursor,
-            {
-                "session_id": session_id,
-                "seq": seq,
-                "role": m.role,
-                "content": m.content,
-                "tool_calls": [tc.to_openai() for tc in m.tool_calls] or None,
-                "tool_call_id": m.tool_call_id,
-                "name": m.name,
-                "tokens": m.tokens,
-                "status": status,
-            },
-        )
+    @staticmethod
+    def _reply_values(session_id: int, seq: int, m: Message, status: str | None) -> dict[str, Any]:
+        return {
+            "session_id": session_id,
+            "seq": seq,
+            "role": m.role,
+            "content": m.content,
+            "tool_calls": [tc.to_openai() for tc in m.tool_calls] or None,
+            "tool_call_id": m.tool_call_id,
+            "name": m.name,
+            "tokens": m.tokens,
+            "status": status,
+        }
 
     async def append_messages(
         self, session_id: int, messages: Sequence[Message], *, status: str | None = None
@@ -605,7 +622,9 @@ class Store:
         def op(cursor: Any) -> list[MessageRow]:
             first = self._hot.allocate_seqs(cursor, session_id, len(messages))
             return [
-                self._insert_reply(cursor, session_id, first + i, m, status)
+                self._hot.insert_message(
+                    cursor, self._reply_values(session_id, first + i, m, status)
+                )
                 for i, m in enumerate(messages)
             ]
 
@@ -643,16 +662,21 @@ class Store:
                 error=error,
                 token_ratio=token_ratio,
             )
-            self._insert_reply(cursor, session_id, seq, reply, reply_status)
+            self._hot.insert_message_only(
+                cursor, self._reply_values(session_id, seq, reply, reply_status)
+            )
             outbox_id = None
             if outbound is not None:
                 outbox_id = self._hot.insert_outbox(cursor, session_id, outbound)
             if record is not None:
                 record.session_id, record.reply_seq = session_id, seq
                 self._hot.insert_turn_record(cursor, record)
-            self._hot.mark_handled(cursor, ids, None)
-            if token_counts:
-                self._hot.set_tokens(cursor, token_counts)
+            counts = dict(token_counts or {})
+            self._hot.mark_handled(cursor, ids, None, counts)
+            for handled in ids:
+                counts.pop(handled, None)
+            if counts:  # earlier messages counted for the first time
+                self._hot.set_tokens(cursor, counts)
             return outbox_id
 
         return await self._fast(op, write=True)
@@ -711,21 +735,22 @@ class Store:
         return [(row.id, _outbound(row)) for row in rows if row.id is not None]
 
     async def summary_and_history(
-        self, session_id: int, known: tuple[int, int] | None = None
+        self, session_id: int, known: Known = None
     ) -> tuple[CompactionRow | None, int, list[Message]]:
         """The latest summary, the seq it covers up to, and the messages after it, in one step.
 
         `known` = (the covered seq a caller's cached history starts after, the last seq it
         holds): when the summary has not moved, only messages after the last one are read.
         """
+        return await self._fast(lambda cursor: self._summary_and_history(cursor, session_id, known))
 
-        def op(cursor: Any) -> tuple[CompactionRow | None, int, list[Message]]:
-            summary = self._hot.latest_compaction(cursor, session_id)
-            after = summary.last_seq if summary is not None else 0
-            start = known[1] if known is not None and known[0] == after else after
-            return summary, after, self._hot.history(cursor, session_id, start)
-
-        return await self._fast(op)
+    def _summary_and_history(
+        self, cursor: Any, session_id: int, known: Known
+    ) -> tuple[CompactionRow | None, int, list[Message]]:
+        summary = self._hot.latest_compaction(cursor, session_id)
+        after = summary.last_seq if summary is not None else 0
+        start = known[1] if known is not None and known[0] == after else after
+        return summary, after, self._hot.history(cursor, session_id, start)
 
     async def history(self, session_id: int, after_seq: int = 0) -> list[Message]:
         return await self._fast(lambda cursor: self._hot.history(cursor, session_id, after_seq))

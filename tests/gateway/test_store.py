@@ -138,7 +138,7 @@ async def test_sqlite_hot_steps_run_on_the_loop_while_the_database_thread_is_idl
     info = SessionInfo(key="k")
     _sid, row = await store.accept_inbound(info, inbound("hello", "m1"))
     assert row is not None and row.session_id is not None
-    session, claimed = await store.claim_turn("k", lambda _s: None)
+    session, claimed, _read = await store.claim_turn("k", lambda _s: None)
     assert session is not None and [r.content for r in claimed] == ["hello"]
     await store.finish_turn(
         row.session_id, Message(role="assistant", content="hi"), [row.id or 0], TurnUsage(5, 1)
