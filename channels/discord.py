@@ -335,7 +335,8 @@ class DiscordChannel:
             chat_id=chat_id,
             thread_id=thread_id,
             sender_id=str(message.author.id),
-            sender_name=message.author.display_name,
+            # discord.py keeps whatever the payload had (a malformed one: not a string).
+            sender_name=_name(message.author.display_name),
             text=text,
             was_mentioned=mentioned,
             reply_to=reply_to,
@@ -511,6 +512,10 @@ def _retry_after(exc: discord.HTTPException) -> float:
         except ValueError:
             continue
     return 1.0
+
+
+def _name(value: object) -> str | None:
+    return None if value is None else str(value)
 
 
 def _fit(text: str) -> str:

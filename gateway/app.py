@@ -202,7 +202,8 @@ class Gateway:
             return InboundResult(key, accepted=False, reason=decision.reason)
         if not msg.is_direct:
             text = f"{msg.sender_name or msg.sender_id}: {text}"  # who said it, for the model
-        msg = replace(msg, text=text)
+        if text != msg.text:
+            msg = replace(msg, text=text)
         info = SessionInfo(
             key=key,
             agent=self.config.gateway.agent,

@@ -230,7 +230,7 @@ class Runner:
         if self.on_turn is not None:
             self.on_turn(stats)
         preview_id = await preview.finish() if preview is not None else None
-        await self.deliver(replace(final, preview_id=preview_id))
+        await self.deliver(final if preview_id is None else replace(final, preview_id=preview_id))
         if outbox_id is not None:
             if self.delivery is not None:
                 self.delivery.sent(outbox_id)

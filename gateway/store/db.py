@@ -669,8 +669,7 @@ class Store:
             if outbound is not None:
                 outbox_id = self._hot.insert_outbox(cursor, session_id, outbound)
             if record is not None:
-                record.session_id, record.reply_seq = session_id, seq
-                self._hot.insert_turn_record(cursor, record)
+                self._hot.insert_turn_record(cursor, record, session_id, seq)
             counts = dict(token_counts or {})
             self._hot.mark_handled(cursor, ids, None, counts)
             for handled in ids:

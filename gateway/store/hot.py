@@ -299,8 +299,11 @@ class HotPath:
         if params:
             cursor.executemany(self.d.sql(SET_TOKENS), params)
 
-    def insert_turn_record(self, cursor: Any, record: TurnRecordRow) -> None:
+    def insert_turn_record(
+        self, cursor: Any, record: TurnRecordRow, session_id: int, reply_seq: int
+    ) -> None:
         params = {c: getattr(record, c) for c in _RECORDED}
+        params["session_id"], params["reply_seq"] = session_id, reply_seq
         params["created_at"] = self.d.dump_time(record.created_at)
         cursor.execute(self.d.sql(INSERT_TURN_RECORD), params)
 
