@@ -98,7 +98,7 @@ from channels.base import (
     InboundMessage,
     OutboundMessage,
 )
-from channels.formatting import SLACK_LIMIT, chunk_text
+from channels.formatting import SLACK_LIMIT, chunk_text, plain_line
 from gateway.config import SlackSettings
 
 log = logging.getLogger(__name__)
@@ -199,6 +199,11 @@ def _block(node: SyntaxTreeNode) -> str:
 
 def markdown_to_mrkdwn(text: str) -> str:
     """Render Markdown as Slack ``mrkdwn``, with ``&``/``<``/``>`` escaped exactly once."""
+    plain = plain_line(text)
+    return _escape(plain) if plain is not None else _render_mrkdwn(text)
+
+
+def _render_mrkdwn(text: str) -> str:
     root = SyntaxTreeNode(_MARKDOWN.parse(text))
     return _blocks(root.children, "\n\n")
 

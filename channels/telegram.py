@@ -81,7 +81,7 @@ from channels.base import (
     InboundMessage,
     OutboundMessage,
 )
-from channels.formatting import TELEGRAM_LIMIT, chunk_text
+from channels.formatting import TELEGRAM_LIMIT, chunk_text, plain_line
 from gateway.config import TelegramSettings
 
 log = logging.getLogger(__name__)
@@ -323,6 +323,11 @@ def markdown_to_telegram_html(markdown: str) -> str:
     ``<pre><code class="language-x">``; headings become bold lines, list items "• " (or "1. ")
     lines indented by depth, quotes ``<blockquote>`` (never nested: Telegram refuses that).
     """
+    plain = plain_line(markdown)
+    return _esc(plain) if plain is not None else _render_html(markdown)
+
+
+def _render_html(markdown: str) -> str:
     out: list[str] = []
     lists: list[str] = []  # "bullet" | "ordered", innermost last
     quotes = 0

@@ -69,6 +69,10 @@ class GatewayMetrics:
             "Sessions with unanswered messages waiting for their next turn.", registry=r,
         )
 
+        self._turn_children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
+        self._tokens_in = self.tokens.labels("in")
+        self._tokens_out = self.tokens.labels("out")
+
     def watch_lanes(self, lanes: SessionLanes) -> None:
         """Read lane gauges at scrape time, so they are never stale."""
         self.lanes_active.set_function(lambda: lanes.active)
@@ -76,12 +80,20 @@ class GatewayMetrics:
 
     def observe_turn(self, stats: TurnStats) -> None:
         platform = stats.platform or "unknown"
-        self.turns.labels(platform, "error" if stats.error else "ok").inc()
-        self.turn_seconds.labels(platform).observe(stats.seconds)
+        outcome = "error" if stats.error else "ok"
+        # The labelled children, looked up once (`labels()` takes a lock and checks the values).
+        children = self._turn_children.get((platform, outcome))
+        if children is None:
+            children = self._turn_children[(platform, outcome)] = (
+                self.turns.labels(platform, outcome),
+                self.turn_seconds.labels(platform),
+            )
+        children[0].inc()
+        children[1].observe(stats.seconds)
         if stats.prompt_tokens:
-            self.tokens.labels("in").inc(stats.prompt_tokens)
+            self._tokens_in.inc(stats.prompt_tokens)
         if stats.completion_tokens:
-            self.tokens.labels("out").inc(stats.completion_tokens)
+            self._tokens_out.inc(stats.completion_tokens)
 
     def observe_compaction(self, reason: str, result: CompactionResult | None) -> None:
         if result is None or not result.committed:

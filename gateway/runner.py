@@ -163,6 +163,7 @@ class Runner:
         self.history_cache_sessions = 256
         self._histories: dict[int, _Cached] = {}
         self._specs_cache: tuple[tuple[str, ...], list[dict[str, Any]], int] | None = None
+        self._compaction_settings: tuple[tuple[int, str], CompactionSettings] | None = None
 
     # -- a turn -----------------------------------------------------------------------------
 
@@ -473,8 +474,12 @@ class Runner:
         return self._specs_cache[1], self._specs_cache[2]
 
     def compaction_settings(self, window: int) -> CompactionSettings:
+        rules = self.critical_rules()
+        cached = self._compaction_settings
+        if cached is not None and cached[0] == (window, rules):
+            return cached[1]  # the same every turn until the window or AGENTS.md changes
         c = self.config.context
-        return CompactionSettings(
+        made = CompactionSettings(
             window=window,
             recent_turns=c.recent_turns,
             parts=c.compaction_parts,
@@ -483,8 +488,10 @@ class Runner:
             quality_guard=c.quality_guard,
             quality_retries=c.quality_retries,
             summary_max_chars=c.summary_max_chars,
-            critical_rules=self.critical_rules(),
+            critical_rules=rules,
         )
+        self._compaction_settings = ((window, rules), made)
+        return made
 
     def critical_rules(self) -> str:
         """AGENTS.md's configured sections (default "Session Startup" and "Red Lines")."""

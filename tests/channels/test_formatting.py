@@ -83,3 +83,29 @@ def test_preview_tail_keeps_short_text_and_shows_the_end_of_long_text() -> None:
     assert text.endswith(tail[1:])
     unbroken = "x" * 500
     assert preview_tail(unbroken, 60) == "…" + "x" * 59
+
+
+# Plain lines skip the Markdown parser: the shortcut must render exactly what the parser would.
+_LINE_ALPHABET = st.characters(codec="utf-8", exclude_categories=("Cs",)) | st.sampled_from(
+    list("abc XYZ 123 .,:;'\"?@/%$^&*_~`[]()<>#!|\\=+-\t\n\x00é中🙂\u00a0")
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(_LINE_ALPHABET, max_size=40))
+def test_a_plain_line_renders_as_the_parser_would(text: str) -> None:
+    from channels.slack import _render_mrkdwn, markdown_to_mrkdwn
+    from channels.telegram import _render_html, markdown_to_telegram_html
+
+    assert markdown_to_telegram_html(text) == _render_html(text)
+    assert markdown_to_mrkdwn(text) == _render_mrkdwn(text)
+
+
+def test_plain_line_takes_ordinary_sentences_only() -> None:
+    from channels.formatting import plain_line
+
+    assert plain_line("Sure, it is 5 pm in Paris.  ") == "Sure, it is 5 pm in Paris."
+    assert plain_line("Héllo 世界") == "Héllo 世界"
+    for needs_parser in ("**bold**", "1. item", "- item", "# title", "a\nb", "x & y", "see [a](b)",
+                         "> quote", "a_b", "", "    code", " lead"):
+        assert plain_line(needs_parser) is None, needs_parser
