@@ -53,6 +53,27 @@ async def test_history_is_sent_on_the_next_turn(
     assert sent == [("user", "first"), ("assistant", "one"), ("user", "second")]
 
 
+async def test_a_turn_reads_its_history_with_its_claim(
+    running: RunningGateway, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim's transaction reads the history too: no separate read per turn."""
+    fake_llm.script(reply("one"), reply("two"))
+    await running.ask("first")
+    store = running.gateway.store
+    separate_reads: list[object] = []
+    read = store.summary_and_history
+
+    async def counted(*args: object, **kwargs: object) -> object:
+        separate_reads.append(args)
+        return await read(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "summary_and_history", counted)
+    await running.ask("second")
+    assert separate_reads == []
+    sent = [(m["role"], m["content"]) for m in fake_llm.requests[-1]["messages"][1:]]
+    assert sent == [("user", "first"), ("assistant", "one"), ("user", "second")]
+
+
 async def test_tool_loop_with_unknown_tool_and_bad_arguments(
     running: RunningGateway, fake_llm: FakeOpenAI
 ) -> None:

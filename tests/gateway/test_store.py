@@ -72,6 +72,41 @@ async def test_claim_orders_conversation_by_turn_not_arrival(database_url: str) 
     await store.close()
 
 
+async def test_claim_reads_the_turns_history_in_the_same_step(database_url: str) -> None:
+    store = await make_store(database_url)
+    info = SessionInfo(key="k")
+    _sid, row = await store.accept_inbound(info, inbound("hello", "m1"))
+    assert row is not None and row.id is not None
+    asked: list[int] = []
+
+    def nothing_cached(session_id: int) -> None:
+        asked.append(session_id)
+
+    session, claimed, read = await store.claim_turn("k", lambda _s: None, nothing_cached)
+    assert session is not None and asked == [session.id]
+    assert read is not None and read.known is None and read.summary is None
+    assert [(m.seq, m.text) for m in read.messages] == [(1, "hello")]
+    await store.finish_turn(
+        row.session_id, Message(role="assistant", content="hi"), [row.id], TurnUsage(5, 1)
+    )
+    await store.accept_inbound(info, inbound("again", "m2"))
+    # A caller holding seqs 1-2 gets only what came after them, as `summary_and_history` would.
+    _session, claimed, read = await store.claim_turn("k", lambda _s: None, lambda _id: (0, 2))
+    assert [r.content for r in claimed] == ["again"]
+    assert read is not None and read.known == (0, 2)
+    assert [(m.seq, m.text) for m in read.messages] == [(3, "again")]
+    await store.finish_turn(
+        row.session_id, Message(role="assistant", content="hi again"),
+        [r.id for r in claimed if r.id], TurnUsage(5, 1),
+    )
+    # Nothing claimed, nothing read; and without `known` no read at all.
+    _s, none_claimed, no_read = await store.claim_turn("k", lambda _s: None, lambda _id: (0, 4))
+    assert none_claimed == [] and no_read is None
+    await store.accept_inbound(info, inbound("third", "m3"))
+    assert (await store.claim_turn("k", lambda _s: None))[2] is None
+    await store.close()
+
+
 async def test_unfinished_claims_are_returned_again(database_url: str) -> None:
     store = await make_store(database_url)
     sid = (await store.ensure_session(SessionInfo(key="k"))).id
