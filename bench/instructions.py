@@ -14,6 +14,7 @@ mispredicted branches per message): instructions do not cost the same, and those
 one instruction dearer than another. It is about 2.5x slower.
 
     .venv/bin/python bench/instructions.py [--only discord] [--small 200] [--large 600] [--cache]
+                                           [--quick] [--json out.json]
 """
 
 from __future__ import annotations
@@ -137,8 +138,11 @@ async def _main() -> None:
     parser.add_argument("--small", type=int, default=200)
     parser.add_argument("--large", type=int, default=600)
     parser.add_argument("--cache", action="store_true", help="simulate caches and branches")
+    parser.add_argument("--quick", action="store_true", help="100 and 300 messages")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.quick:
+        args.small, args.large = 100, 300
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
     if args.large <= args.small:

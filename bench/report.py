@@ -59,6 +59,8 @@ SCRIPTS = (
     Script("compaction"),
     Script("pipeline"),
     Script("channels"),
+    # Under valgrind (~20x slower): even the quick sizes take a few minutes.
+    Script("instructions", full=("--cache",)),
     Script("memory_search"),
     Script("crash"),
     Script("load", timeout=7_200.0),
@@ -209,6 +211,22 @@ def rows_channels(r: list[dict[str, Any]]) -> list[Row]:
     return rows
 
 
+def rows_instructions(r: list[dict[str, Any]]) -> list[Row]:
+    rows: list[Row] = []
+    for gh in (x for x in r if x["path"] == "gatehouse"):
+        bare = next(x for x in r if x["platform"] == gh["platform"] and x["path"] != "gatehouse")
+        name = f"{gh['platform'].capitalize()}, CPU instructions per message (valgrind)"
+        for key, measure in (("instructions", "instructions"), ("d1_misses", "L1 data misses"),
+                             ("i1_misses", "L1 instruction misses"),
+                             ("mispredicts", "mispredicted branches")):
+            if key in gh and key in bare:
+                rows.append((
+                    name, f"{measure}, 20 at a time", f"{gh[key]:,.0f}", f"{bare[key]:,.0f}",
+                    bare["path"], f"×{gh[key] / bare[key]:.2f}",
+                ))
+    return rows
+
+
 def rows_memory_search(r: dict[str, Any]) -> list[Row]:
     overall = next(q for q in r["queries"] if q["kind"] == "overall")
     name = f"memory_search, {r['notes']:,} notes"
@@ -266,6 +284,7 @@ ROWS: dict[str, Callable[[Any], list[Row]]] = {
     "compaction": rows_compaction,
     "pipeline": rows_pipeline,
     "channels": rows_channels,
+    "instructions": rows_instructions,
     "memory_search": rows_memory_search,
     "crash": rows_crash,
     "load": rows_load,
