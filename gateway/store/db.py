@@ -670,12 +670,12 @@ class Store:
                 outbox_id = self._hot.insert_outbox(cursor, session_id, outbound)
             if record is not None:
                 self._hot.insert_turn_record(cursor, record, session_id, seq)
-            counts = dict(token_counts or {})
+            counts = token_counts or {}
             self._hot.mark_handled(cursor, ids, None, counts)
-            for handled in ids:
-                counts.pop(handled, None)
-            if counts:  # earlier messages counted for the first time
-                self._hot.set_tokens(cursor, counts)
+            handled = set(ids)
+            earlier = {i: t for i, t in counts.items() if i not in handled}
+            if earlier:  # history messages counted for the first time
+                self._hot.set_tokens(cursor, earlier)
             return outbox_id
 
         return await self._fast(op, write=True)
