@@ -239,21 +239,23 @@ class HotPath:
         return int(self._one(cursor, ALLOCATE_SEQS, params)[0]) - count
 
     def insert_message(self, cursor: Any, values: dict[str, Any]) -> MessageRow:
-        row = self._message_values(values)
-        new_id = self._insert_message(cursor, row)
-        assert new_id is not None
-        return build(MessageRow, {"id": new_id, **row})
+        row = self._insert(cursor, values, INSERT_MESSAGE)
+        assert row is not None
+        return row
 
     def insert_inbound(self, cursor: Any, values: dict[str, Any]) -> MessageRow | None:
         """`insert_message`, or None when the same platform message is stored already (a
         redelivery): the unique constraint decides, in the same statement."""
-        row = self._message_values(values)
-        new_id = self._insert_message(cursor, row, INSERT_UNLESS_DUPLICATE)
-        return None if new_id is None else build(MessageRow, {"id": new_id, **row})
+        return self._insert(cursor, values, INSERT_UNLESS_DUPLICATE)
 
     def insert_message_only(self, cursor: Any, values: dict[str, Any]) -> None:
         """`insert_message` for a caller that needs no row back (a turn's reply)."""
-        self._insert_message(cursor, self._message_values(values))
+        self._write_message(cursor, self._message_values(values), INSERT_MESSAGE)
+
+    def _insert(self, cursor: Any, values: dict[str, Any], statement: str) -> MessageRow | None:
+        row = self._message_values(values)
+        new_id = self._write_message(cursor, row, statement)
+        return None if new_id is None else build(MessageRow, {"id": new_id, **row})
 
     def _message_values(self, values: dict[str, Any]) -> dict[str, Any]:
         row = {c: values.get(c) for c in _INSERTED}
@@ -261,9 +263,7 @@ class HotPath:
         row["handled"] = values.get("handled", True)
         return row
 
-    def _insert_message(
-        self, cursor: Any, row: dict[str, Any], statement: str = INSERT_MESSAGE
-    ) -> int | None:
+    def _write_message(self, cursor: Any, row: dict[str, Any], statement: str) -> int | None:
         params = dict(row)
         params["created_at"] = self.d.dump_time(row["created_at"])
         params["content"] = self.d.dump_json(row["content"])
