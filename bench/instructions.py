@@ -20,7 +20,6 @@ one instruction dearer than another. It is about 2.5x slower.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import re
@@ -132,7 +131,7 @@ def table(rows: list[dict[str, Any]], cache: bool) -> Table:
     return out
 
 
-async def _main() -> None:
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=sorted(PATHS), action="append")
     parser.add_argument("--small", type=int, default=200)
@@ -149,11 +148,11 @@ async def _main() -> None:
         raise SystemExit("--large must be more messages than --small")
     rows: list[dict[str, Any]] = []
     for platform in args.only or ["discord"]:
-        rows += await asyncio.to_thread(measure, platform, args.small, args.large, args.cache)
+        rows += measure(platform, args.small, args.large, args.cache)
     Console(width=170).print(table(rows, args.cache))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 
 
 if __name__ == "__main__":
-    asyncio.run(_main())
+    main()
