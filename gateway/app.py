@@ -86,7 +86,7 @@ class Gateway:
         self.access = AccessPolicy(config, self.store)
         self.runner.typing = self.typing
         self.runner.previews = Previews(config.channels, self.channels, config.llm.stream)
-        self.delivery = DeliveryLog(config.data_dir, self.store)
+        self.delivery = DeliveryLog(config.data_dir, self.store, resend=self.deliver)
         self.runner.delivery = self.delivery
         if config.memory.archive_transcripts:
             self.runner.archive = self._archive_transcript
@@ -143,8 +143,10 @@ class Gateway:
                 continue  # kept for a run that has this channel (`gatehouse chat` has not)
             log.info("sending a reply a stopped run stored but did not send (%s)",
                      message.session_key)
-            await self.deliver(message)
-            self.delivery.sent(outbox_id)
+            if await self.deliver(message):
+                self.delivery.sent(outbox_id)
+            else:
+                self.delivery.failed(outbox_id, message)
 
     async def _sweep_pending(self) -> None:
         """Several processes on PostgreSQL: answer what a process that stopped left behind.
@@ -250,12 +252,15 @@ class Gateway:
         if show is not None and channel is not None and channel.capabilities.typing:
             await show(chat_id, thread_id)
 
-    async def deliver(self, message: OutboundMessage) -> None:
+    async def deliver(self, message: OutboundMessage) -> bool:
+        """Send through the message's channel; False (logged) when that failed."""
         channel = self.channels.get(message.platform)
         if channel is None:
             log.error("no channel %r to deliver a reply for %s", message.platform, message.session_key)
-            return
+            return False
         try:
             await channel.send(message)
         except Exception:
             log.exception("delivery failed on %s for %s", message.platform, message.session_key)
+            return False
+        return True

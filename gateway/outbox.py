@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from channels.base import OutboundMessage
@@ -35,6 +36,15 @@ SHARED_GRACE_SECONDS = 120.0
 sends within moments, or within its 429 waits), so another may claim and send it."""
 
 
+RETRY_DELAYS: tuple[float, ...] = (2.0, 10.0, 30.0, 60.0, 300.0, 900.0)
+"""Seconds before each new try of a reply its channel could not send. The channel has already
+retried 429s and dropped connections itself, so what reaches here is an outage or a refusal; after
+the last try (about 22 minutes in all) the reply waits in the outbox for the next start."""
+
+Resend = Callable[[OutboundMessage], Awaitable[bool]]
+"""Sends a reply through its channel; False when the channel could not (`Gateway.deliver`)."""
+
+
 class DeliveryLog:
     """Records sent replies in an append-only file; deletes their outbox rows in batches.
 
@@ -44,9 +54,19 @@ class DeliveryLog:
     """
 
     def __init__(
-        self, directory: Path, store: Store, batch: int = 256, interval: float = 5.0
+        self,
+        directory: Path,
+        store: Store,
+        batch: int = 256,
+        interval: float = 5.0,
+        resend: Resend | None = None,
+        retry_delays: tuple[float, ...] = RETRY_DELAYS,
     ) -> None:
         self.shared = not store.is_sqlite
+        self.shared_grace = SHARED_GRACE_SECONDS
+        self.resend = resend
+        self.retry_delays = retry_delays
+        self._retrying: dict[int, asyncio.Task[None]] = {}
         self._deleting: set[asyncio.Task[None]] = set()
         self.directory = directory
         self.store = store
@@ -62,7 +82,7 @@ class DeliveryLog:
     async def recover(self) -> list[tuple[int, OutboundMessage]]:
         """On start: forget replies the last run sent; return the ones it did not (in order)."""
         if self.shared:
-            return await self.store.claim_stale_outbox(SHARED_GRACE_SECONDS)
+            return await self.store.claim_stale_outbox(self.shared_grace)
         logs = sorted(self.directory.glob(LOG_GLOB))
         await self.store.forget_outbox(logged_sent(self.directory))
         for path in logs:
@@ -89,8 +109,40 @@ class DeliveryLog:
         if due and self._flushing is None:
             self._flushing = asyncio.create_task(self._flush())
 
+    def failed(self, outbox_id: int, message: OutboundMessage) -> None:
+        """The channel could not send this reply: it stays in the outbox and is tried again.
+
+        With several processes the sweep does that (it claims the row once it is `shared_grace`
+        seconds old, again and again until a send succeeds); alone, this process
+        tries again after each of `retry_delays`, then leaves the reply for the next start.
+        """
+        if self.shared or self.resend is None or outbox_id in self._retrying:
+            return
+        task = asyncio.create_task(self._retry(outbox_id, message, self.resend))
+        self._retrying[outbox_id] = task
+        task.add_done_callback(lambda _done: self._retrying.pop(outbox_id, None))
+
+    async def _retry(self, outbox_id: int, message: OutboundMessage, resend: Resend) -> None:
+        for attempt, delay in enumerate(self.retry_delays, start=2):
+            await asyncio.sleep(delay)
+            if await resend(message):
+                log.info("delivered a reply for %s on try %d", message.session_key, attempt)
+                self.sent(outbox_id)
+                return
+        log.error(
+            "could not deliver a reply for %s in %d tries; it stays in the outbox and is sent "
+            "again when the gateway next starts", message.session_key, len(self.retry_delays) + 1,
+        )
+
     async def close(self) -> None:
-        """Delete the rows of every reply sent so far; the log is then empty and removed."""
+        """Delete the rows of every reply sent so far; the log is then empty and removed.
+
+        Replies still waiting for another try stay in the outbox for the next start.
+        """
+        retrying = list(self._retrying.values())
+        for task in retrying:
+            task.cancel()
+        await asyncio.gather(*retrying, return_exceptions=True)
         if self._deleting:
             await asyncio.gather(*self._deleting, return_exceptions=True)
         while self._flushing is not None:

@@ -53,7 +53,8 @@ from memory.agents_md import AgentsFile
 
 log = logging.getLogger(__name__)
 
-Deliver = Callable[[OutboundMessage], Awaitable[None]]
+Deliver = Callable[[OutboundMessage], Awaitable[bool]]
+"""Sends a reply through its channel; False when the channel could not (it was logged)."""
 Typing = Callable[[str, str, str | None], Awaitable[None]]
 Archive = Callable[[str, int, int, str], Awaitable[None]]
 """(session key, first seq, last seq, transcript text): keeps compacted text searchable."""
@@ -231,12 +232,16 @@ class Runner:
         if self.on_turn is not None:
             self.on_turn(stats)
         preview_id = await preview.finish() if preview is not None else None
-        await self.deliver(final if preview_id is None else replace(final, preview_id=preview_id))
+        reply_out = final if preview_id is None else replace(final, preview_id=preview_id)
+        delivered = await self.deliver(reply_out)
         if outbox_id is not None:
-            if self.delivery is not None:
+            if self.delivery is None:
+                if delivered:
+                    await self.store.forget_outbox([outbox_id])
+            elif delivered:
                 self.delivery.sent(outbox_id)
             else:
-                await self.store.forget_outbox([outbox_id])
+                self.delivery.failed(outbox_id, reply_out)
 
     async def _converse(
         self,

@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
+from channels.base import OutboundMessage
 from channels.telegram import TelegramChannel
 from gateway.app import Gateway
+from gateway.store import Store
 from tests.conftest import MakeConfig
 from tests.fakes import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram, entity
@@ -122,3 +124,80 @@ async def test_typing_shows_for_a_slow_turn_only(
         assert len(tg.calls_to("sendChatAction")) == 1  # stopped with the turn
     finally:
         await gw.stop(grace=2)
+
+
+async def test_a_reply_telegram_refused_stays_in_the_outbox_and_is_sent_again(
+    make_config: MakeConfig, tg: FakeTelegram, fake_llm: FakeOpenAI
+) -> None:
+    config = make_config(
+        fake_llm,
+        gateway={"pending_sweep_seconds": 0.1},  # PostgreSQL: the sweep is what tries again
+        channels={
+            "telegram": {
+                "enabled": True, "token": tg.token, "base_url": tg.base_url, "dm_policy": "open"
+            }
+        },
+    )
+    gw = Gateway(config)
+    gw.add_channel(TelegramChannel(config.channels.telegram))
+    gw.delivery.retry_delays = (0.05, 0.05)
+    gw.delivery.shared_grace = 0.3
+    await gw.start()
+    try:
+        tg.fail_next["sendMessage"] = (500, "Internal Server Error")
+        tg.private_message(7, "are you there?")
+        failed, resent = await tg.wait_for_call("sendMessage", n=2, where=_to(7))
+        assert failed["text"] == resent["text"] == "echo: are you there?"
+        await asyncio.sleep(0.5)
+        assert len(tg.calls_to("sendMessage")) == 2  # sent once it worked, then never again
+        assert len(fake_llm.requests) == 1  # the turn ran once; only the delivery was repeated
+    finally:
+        await gw.stop(grace=2)
+    assert await _undelivered(config.database_url) == []
+
+
+async def test_a_reply_still_refused_waits_in_the_outbox_for_the_next_start(
+    make_config: MakeConfig, tg: FakeTelegram, fake_llm: FakeOpenAI
+) -> None:
+    config = make_config(
+        fake_llm,
+        channels={
+            "telegram": {
+                "enabled": True, "token": tg.token, "base_url": tg.base_url, "dm_policy": "open"
+            }
+        },
+    )
+    gw = Gateway(config)
+    gw.add_channel(TelegramChannel(config.channels.telegram))
+    gw.delivery.retry_delays = ()
+    await gw.start()
+    try:
+        tg.fail_next["sendMessage"] = (403, "Forbidden: bot was blocked by the user")
+        tg.private_message(7, "hello?")
+        await tg.wait_for_call("sendMessage", where=_to(7))
+        await asyncio.sleep(0.2)
+    finally:
+        await gw.stop(grace=2)
+    [waiting] = await _undelivered(config.database_url)
+    assert waiting.text == "echo: hello?" and waiting.chat_id == "7"
+
+    again = Gateway(config)
+    again.add_channel(TelegramChannel(config.channels.telegram))
+    again.delivery.shared_grace = 0.0  # PostgreSQL: no other process could be sending it now
+    await again.start()
+    try:
+        _refused, sent = await tg.wait_for_call("sendMessage", n=2, where=_to(7))
+        assert sent["text"] == "echo: hello?"
+    finally:
+        await again.stop(grace=2)
+    assert await _undelivered(config.database_url) == []
+    assert len(fake_llm.requests) == 1
+
+
+async def _undelivered(database_url: str) -> list[OutboundMessage]:
+    store = Store(database_url)
+    await store.init()
+    try:
+        return [message for _id, message in await store.undelivered()]
+    finally:
+        await store.close()
