@@ -292,13 +292,15 @@ def resolve_window(
     default: int = DEFAULT_WINDOW_TOKENS,
     *,
     reported_field: str = "max_model_len",
+    configured_source: str | None = None,
 ) -> WindowResolution:
     """Resolve the effective context window for `model`.
 
     `configured` is `[models."<model>"].context_window`; `reported` the server's own limit
     (`reported_field` names it in the source, e.g. ``"context_length"`` for OpenRouter; a
     non-positive report is ignored as absent); `agent_cap` is `[agent] max_context_tokens`,
-    which can lower the window but never raise it. Configured values must be positive.
+    which can lower the window but never raise it. Configured values must be positive;
+    `configured_source` names where `configured` came from when not the config file.
     """
     _positive(configured, f'[models."{model}"].context_window')
     _positive(agent_cap, "[agent] max_context_tokens")
@@ -309,7 +311,8 @@ def resolve_window(
     tokens: int
     source: str
     if configured is not None:
-        tokens, source = configured, f'config [models."{model}"].context_window'
+        tokens = configured
+        source = configured_source or f'config [models."{model}"].context_window'
     elif reported is not None:
         tokens, source = reported, f"server-reported {reported_field}"
     elif (hit := lookup_window(model)) is not None:

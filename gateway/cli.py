@@ -85,6 +85,12 @@ def _config() -> Config:
         err_console.print(f"[red]config error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
     SECRETS.protect(config_secrets(config))  # never in a log line, whatever logs it
+    from gateway.local_model import bundled_model_applies, use_local_model
+
+    if bundled_model_applies(config):
+        # Every command sees the model `gatehouse run` answers with (its window, its token
+        # limits); the commands that call the model start it (`_with_bundled_model`).
+        use_local_model(config)
     return config
 
 
@@ -339,14 +345,18 @@ def sessions_compact(
         err_console.print("give one session KEY or --all", highlight=False)
         raise typer.Exit(2)
     if every:
-        with _progress() as progress:
-            task = progress.add_task("compacting sessions", total=None)
 
-            def advance(done: int, total: int, outcome: dict[str, Any]) -> None:
-                progress.update(task, completed=done, total=total,
-                                description=f"compacted {escape(outcome['session'])}")
+        async def compact_every(config: Config) -> list[dict[str, Any]]:
+            with _progress() as progress:
+                task = progress.add_task("compacting sessions", total=None)
 
-            results = asyncio.run(compact_all(_config(), instructions, advance))
+                def advance(done: int, total: int, outcome: dict[str, Any]) -> None:
+                    progress.update(task, completed=done, total=total,
+                                    description=f"compacted {escape(outcome['session'])}")
+
+                return await compact_all(config, instructions, advance)
+
+        results = asyncio.run(_with_bundled_model(_config(), compact_every))
         failed = [r for r in results if not r["committed"] and not r["nothing_to_compact"]]
         if as_json:
             print(json.dumps(results, indent=2, ensure_ascii=False))
@@ -357,9 +367,13 @@ def sessions_compact(
             console.print(table)
         raise typer.Exit(1 if failed else 0)
     assert key is not None
-    try:
+
+    async def compact_one(config: Config) -> dict[str, Any]:
         with console.status("compacting…"):
-            data = asyncio.run(compact_session(_config(), key, instructions))
+            return await compact_session(config, key, instructions)
+
+    try:
+        data = asyncio.run(_with_bundled_model(_config(), compact_one))
     except KeyError:
         err_console.print(f"no session {key!r} (see `gatehouse sessions list`)", highlight=False)
         raise typer.Exit(1) from None
@@ -482,7 +496,9 @@ def context_compact(
     setup_logging("WARNING" if state.log_level == "INFO" else state.log_level)
     config = _config()
     try:
-        data = asyncio.run(compact_transcript(config, transcript, window))
+        data = asyncio.run(_with_bundled_model(
+            config, lambda c: compact_transcript(c, transcript, window)
+        ))
     except TranscriptError as exc:
         err_console.print(f"[red]transcript error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None

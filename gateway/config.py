@@ -17,6 +17,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -328,6 +329,19 @@ class SchedulerSection(_Strict):
 
 class ModelSection(_Strict):
     context_window: int | None = Field(default=None, ge=1)
+    _origin: str | None = PrivateAttr(default=None)
+
+    @classmethod
+    def supplied(cls, context_window: int, origin: str) -> ModelSection:
+        """An entry the gateway adds itself (the bundled model's), explained as `origin`."""
+        section = cls(context_window=context_window)
+        section._origin = origin
+        return section
+
+    @property
+    def origin(self) -> str | None:
+        """Where the entry comes from when not from the config file."""
+        return self._origin
 
 
 class AgentSection(_Strict):

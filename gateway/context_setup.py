@@ -115,6 +115,7 @@ class ContextResolver:
             reported[0] if reported else None,
             self.config.agent.max_context_tokens,
             reported_field=reported[1] if reported else "max_model_len",
+            configured_source=configured.origin if configured else None,
         )
         if resolution.warning and resolution.warning not in self._warned:
             self._warned.add(resolution.warning)

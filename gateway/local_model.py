@@ -188,15 +188,35 @@ def use_local_endpoint(config: Config, server: LocalModelServer) -> None:
     """Point `[llm]` at the running server, with a window the gateway accepts."""
     config.llm.base_url = server.base_url
     config.llm.api_key = "local"
-    config.llm.model = server.alias
+    use_local_model(config, server.alias, server.context_tokens)
+
+
+def use_local_model(
+    config: Config, alias: str = MODEL_ALIAS, context_tokens: int = CONTEXT_TOKENS
+) -> None:
+    """The bundled model's name, window and reply cap, with or without its server running."""
+    config.llm.model = alias
     # The gateway sends whole replies, so ask the small local server for plain completions:
     # one protocol feature (streamed usage chunks) fewer for it to get right.
     config.llm.stream = False
     if config.llm.max_tokens is None:
         # A small model can ramble until its context is full; llama.cpp has no default cap.
         config.llm.max_tokens = MAX_REPLY_TOKENS
-    if server.alias not in config.models:
-        config.models[server.alias] = ModelSection(context_window=server.context_tokens)
+    if alias not in config.models:
+        config.models[alias] = ModelSection.supplied(
+            context_tokens, "the bundled offline model (the context its server is started with)"
+        )
+
+
+def bundled_model_applies(config: Config) -> bool:
+    """`gatehouse run` would answer with the bundled model: no endpoint configured, the
+    `local` extra and the model installed, and `[llm] local_model` on."""
+    return (
+        not config.llm.configured
+        and config.llm.local_model
+        and server_installed()
+        and find_bundled_model() is not None
+    )
 
 
 @contextlib.asynccontextmanager

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from tests.fakes import FakeOpenAI, reply
 
@@ -130,3 +131,37 @@ async def test_db_current_and_upgrade(tmp_path: Path) -> None:
     code, out, err = await run_cli("--config", config, "db", "current", cwd=tmp_path)
     assert code == 0, err
     assert "(up to date)" in " ".join(out.split())
+
+
+async def test_with_the_bundled_model_explain_shows_its_window_not_the_default_models(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make run` answers with the bundled offline model when no [llm] is configured; the CLI
+    explains limits (and counts tokens) for that model too, not for `[llm] model`'s default."""
+    import gateway.local_model as local_model
+    from gateway.config import load_config
+    from gateway.store import SessionInfo, Store
+    from tests.e2e.test_jobs_cli import in_process
+
+    path = write_config(tmp_path, None)
+    key = "agent:main:webchat:direct:ann"
+    store = Store(load_config(path).database_url)
+    await store.init()
+    await store.ensure_session(SessionInfo(key=key, platform="webchat", chat_id="ann"))
+    await store.close()
+
+    code, out, err = await in_process(path, "context", "explain", key, "--json", "--offline")
+    assert code == 0, err
+    assert json.loads(out)["model"] == "gpt-4o-mini"  # no bundled model installed: the default
+
+    monkeypatch.setattr(local_model, "server_installed", lambda: True)
+    monkeypatch.setattr(local_model, "find_bundled_model", lambda: tmp_path / "model.gguf")
+    code, out, err = await in_process(path, "context", "explain", key, "--json", "--offline")
+    assert code == 0, err
+    facts = json.loads(out)
+    assert facts["model"] == local_model.MODEL_ALIAS
+    assert facts["window"] == local_model.CONTEXT_TOKENS
+    assert facts["window_source"].startswith("the bundled offline model")
+    code, out, err = await in_process(path, "sessions", "list", "--json")
+    assert code == 0, err
+    assert json.loads(out)[0]["window"] == local_model.CONTEXT_TOKENS
