@@ -69,9 +69,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+RESTART_DELAYS: tuple[float, ...] = (1.0, 2.0, 5.0, 15.0, 30.0, 60.0)
+"""Seconds before each restart of a server that died (the last one repeats); back to the first
+once a restarted server has stayed up `RESTART_RESET_SECONDS`."""
+
+RESTART_RESET_SECONDS = 300.0
+
+
 class LocalModelServer:
     """`python -m llama_cpp.server --model <gguf>` on 127.0.0.1 at a free port: started,
-    waited for (until `/v1/models` answers), and stopped with the gateway."""
+    waited for (until `/v1/models` answers), restarted on the same port if it dies (the
+    gateway's `[llm] base_url` stays right), and stopped with the gateway."""
 
     def __init__(
         self,
@@ -93,6 +101,9 @@ class LocalModelServer:
         self.extra_args = tuple(extra_args)
         self.port: int | None = None
         self.process: asyncio.subprocess.Process | None = None
+        self.restart_delays = RESTART_DELAYS
+        self.restarts = 0
+        self._supervisor: asyncio.Task[None] | None = None
 
     @property
     def base_url(self) -> str:
@@ -116,8 +127,19 @@ class LocalModelServer:
         if self.process is not None:
             raise RuntimeError("the local model server is already started")
         self.port = free_port()
+        try:
+            await self._spawn(mode="wb")
+        except BaseException:
+            await self.stop()
+            raise
+        self._supervisor = asyncio.create_task(self._supervise(), name="local-model-supervisor")
+        return self.base_url
+
+    async def _spawn(self, mode: str) -> None:
+        """Start the process on `self.port` (its output to the log) and wait until it answers."""
+        assert self.port is not None
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_file = await asyncio.to_thread(self.log_path.open, "wb")
+        log_file = await asyncio.to_thread(self.log_path.open, mode)
         with log_file:
             self.process = await asyncio.create_subprocess_exec(
                 *self.command(self.port),
@@ -127,12 +149,37 @@ class LocalModelServer:
                 start_new_session=True,
             )
         log.info("local model server starting (pid %d, log %s)", self.process.pid, self.log_path)
-        try:
-            await self._wait_ready()
-        except BaseException:
-            await self.stop()
-            raise
-        return self.base_url
+        await self._wait_ready()
+
+    async def _supervise(self) -> None:
+        """Restart the server whenever it exits on its own (a crash, the OOM killer)."""
+        failures = 0
+        up_since = time.monotonic()
+        while True:
+            process = self.process
+            if process is None:
+                return
+            code = await process.wait()
+            if self.process is not process:
+                return  # stop() took it down
+            if time.monotonic() - up_since >= RESTART_RESET_SECONDS:
+                failures = 0
+            delay = self.restart_delays[min(failures, len(self.restart_delays) - 1)]
+            log.warning(
+                "the local model server exited with code %s; restarting it in %g s (log %s):\n%s",
+                code, delay, self.log_path, self.log_tail(5),
+            )
+            await asyncio.sleep(delay)
+            failures += 1
+            try:
+                await self._spawn(mode="ab")
+            except LocalModelError as exc:
+                log.error("the local model server did not come back: %s", exc)
+                await self._terminate(self.process)
+                continue
+            self.restarts += 1
+            up_since = time.monotonic()
+            log.info("local model server restarted on port %s", self.port)
 
     async def _wait_ready(self) -> None:
         assert self.process is not None
@@ -170,9 +217,21 @@ class LocalModelServer:
 
     async def stop(self, grace: float = 10.0) -> None:
         """Terminate the server (SIGTERM, then SIGKILL after `grace` seconds). Idempotent."""
+        supervisor, self._supervisor = self._supervisor, None
+        if supervisor is not None:  # first, so that it restarts nothing from here on
+            supervisor.cancel()
+            await asyncio.gather(supervisor, return_exceptions=True)
         process, self.process = self.process, None
+        if await self._terminate(process, grace):
+            log.info("local model server stopped")
+
+    @staticmethod
+    async def _terminate(
+        process: asyncio.subprocess.Process | None, grace: float = 10.0
+    ) -> bool:
+        """SIGTERM, then SIGKILL after `grace` seconds; False when it was not running."""
         if process is None or process.returncode is not None:
-            return
+            return False
         with contextlib.suppress(ProcessLookupError):
             process.terminate()
         try:
@@ -181,7 +240,7 @@ class LocalModelServer:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
             await process.wait()
-        log.info("local model server stopped")
+        return True
 
 
 def use_local_endpoint(config: Config, server: LocalModelServer) -> None:

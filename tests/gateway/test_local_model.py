@@ -171,3 +171,27 @@ async def test_the_real_offline_model_answers_through_gatehouse_chat(tmp_path: P
     reply = out.decode().strip()
     assert reply and "No LLM endpoint is configured" not in reply
     assert not (tmp_path / "data" / "local-model.log").read_text().count("Traceback")
+
+
+async def test_a_server_that_dies_is_restarted_on_the_same_port(
+    gguf: Path, tmp_path: Path
+) -> None:
+    server = LocalModelServer(gguf, tmp_path / "local.log", server_module=FAKE_SERVER)
+    server.restart_delays = (0.05,)
+    url = await server.start()
+    try:
+        first = server.process
+        assert first is not None
+        first.kill()  # a crash, or the OOM killer
+        for _ in range(200):
+            if server.restarts and await answers(url):
+                break
+            await asyncio.sleep(0.05)
+        assert server.restarts == 1 and await answers(url), server.log_tail()
+        assert server.base_url == url  # the gateway's [llm] base_url is still right
+        assert server.process is not first and server.process is not None
+        again = server.process
+    finally:
+        await server.stop(grace=2)
+    assert again.returncode is not None, "a restarted server is stopped with the gateway too"
+    assert server.restarts == 1  # and stop() is not mistaken for a crash
