@@ -28,6 +28,7 @@ from context.compaction import (
     render_transcript,
 )
 from context.engine import ContextEngine, ContextPlan, ContextSettings, TurnContext
+from context.identifiers import redact_secrets
 from context.pruning import cap_tool_output, tool_result_cap_chars
 from context.types import Message
 from context.window import WindowTooSmallError
@@ -666,11 +667,15 @@ class Runner:
     async def _archive_covered(
         self, session_key: str, messages: Sequence[Message], last_seq: int
     ) -> None:
-        """Keep the text of messages leaving the prompt searchable (memory_search transcripts)."""
+        """Keep the text of messages leaving the prompt searchable (memory_search transcripts).
+
+        Secrets are redacted as in summaries: a search hit goes back into a prompt, and the
+        index is a copy (the messages themselves stay whole in the database).
+        """
         if self.archive is None:
             return
         covered = [m for m in messages if m.seq is not None and m.seq <= last_seq]
-        text = render_transcript(covered, 0)[0]
+        text = redact_secrets(render_transcript(covered, 0)[0])[0]
         if not text:
             return
         try:

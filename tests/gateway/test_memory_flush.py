@@ -200,12 +200,16 @@ async def test_compacted_messages_stay_searchable_as_transcripts(make_config: Ma
     async with FakeOpenAI(default=scripted) as fake:
         rg = await start(make_config, fake, window=200_000)
         try:
-            await rg.ask("the staging password rotation happens on Tuesdays")
+            key = "sk-proj-abcdEFGH1234ijklMNOP5678qrstUVWX"
+            await rg.ask(f"the staging password rotation happens on Tuesdays; key {key}")
             for i in range(4):
                 await rg.ask(f"filler {i}")
             [answer] = await rg.ask("/compact")
             assert answer.startswith("Compacted")
             hits = rg.gateway.memory_index.search("rotation Tuesdays", corpus="transcripts")
             assert hits and hits[0].path == KEY
+            # A pasted secret is not copied into the searchable archive (the message keeps it).
+            assert key not in hits[0].snippet and "[REDACTED:openai_key]" in hits[0].snippet
+            assert rg.gateway.memory_index.search("abcdEFGH1234", corpus="transcripts") == []
         finally:
             await rg.gateway.stop()
