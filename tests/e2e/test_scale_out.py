@@ -1,16 +1,19 @@
-"""Two `gatehouse run` processes on one PostgreSQL database, Telegram in webhook mode.
+"""Two `gatehouse run` processes on one PostgreSQL database, Telegram in webhook mode and Slack
+in HTTP (Events API) mode.
 
-A load balancer may hand any update to either process, and Telegram redelivers what it thinks
-failed: here every update is posted to *both* processes. Each message must be answered exactly
-once, and each chat's messages in the order they were sent.
+A load balancer may hand any update to either process, and both platforms redeliver what they
+think failed: here every update is posted to *both* processes. Each message must be answered
+exactly once, and each chat's messages in the order they were sent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import signal
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +21,12 @@ import aiohttp
 
 from tests.e2e.test_cli import GATEHOUSE, env
 from tests.fakes import FakeOpenAI, Reply
+from tests.fakes.slack_server import FakeSlack, event_callback, im_message, signed_headers
 from tests.fakes.telegram_server import FakeTelegram
 from tests.postgres import ThrowawayPostgres
 
 SECRET = "webhook-secret-1"
+SLACK_SIGNING_SECRET = "slack-signing-secret-1"
 CHATS = 8
 PER_CHAT = 5
 _MARK = re.compile(r"c\d+-m\d+")
@@ -56,69 +61,124 @@ async def _stop(proc: asyncio.subprocess.Process) -> str:
     return err.decode()
 
 
+Send = Callable[[aiohttp.ClientSession, list[str], int, int], Awaitable[None]]
+"""Posts chat c's message m to every process (the URLs in a chat-dependent order)."""
+
+
+async def _each_answered_once_in_order(
+    tmp_path: Path, config_text: str, send: Send, answered_by_chat: Callable[[], dict[str, list[str]]]
+) -> None:
+    """Start two processes, send every chat's messages to both, wait for the answers and check
+    each chat got each of its messages answered exactly once, in order."""
+    config = tmp_path / "gatehouse.toml"
+    config.write_text(config_text, encoding="utf-8")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    procs = await asyncio.gather(_start(config, tmp_path / "a"), _start(config, tmp_path / "b"))
+    urls = [url for _proc, url in procs]
+    answered: dict[str, list[str]] = {}
+    try:
+        async with aiohttp.ClientSession() as http:
+
+            async def chat(c: int) -> None:
+                for m in range(PER_CHAT):
+                    await send(http, urls if (c + m) % 2 else urls[::-1], c, m)
+
+            await asyncio.gather(*(chat(c) for c in range(CHATS)))
+            for _ in range(300):
+                answered = answered_by_chat()
+                if sum(len(v) for v in answered.values()) >= CHATS * PER_CHAT:
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(0.5)  # a double answer would arrive now
+            answered = answered_by_chat()
+    finally:
+        errors = [await _stop(proc) for proc, _url in procs]
+    assert len(answered) == CHATS, errors
+    for messages in answered.values():
+        chat = messages[0].split("-")[0]
+        assert messages == [f"{chat}-m{m}" for m in range(PER_CHAT)], errors
+    assert all(proc.returncode == 0 for proc, _url in procs), errors
+
+
+def _config(database: str, llm: FakeOpenAI, channel: str) -> str:
+    return (
+        f'[gateway]\ndata_dir = "data"\ndatabase_url = "{database}"\n[web]\nport = 0\n'
+        f'[llm]\nbase_url = "{llm.base_url}"\napi_key = "x"\nmodel = "fake-model"\n'
+        f"stream = false\n{channel}"
+    )
+
+
 async def test_two_processes_answer_each_message_once_in_order(
     tmp_path: Path, fake_llm: FakeOpenAI, postgres: ThrowawayPostgres
 ) -> None:
     fake_llm.default = _answer_all_pending
-    database = postgres.new_database()
     async with FakeTelegram() as tg:
-        config = tmp_path / "gatehouse.toml"
-        config.write_text(
-            f'[gateway]\ndata_dir = "data"\ndatabase_url = "{database}"\n[web]\nport = 0\n'
-            f'[llm]\nbase_url = "{fake_llm.base_url}"\napi_key = "x"\nmodel = "fake-model"\n'
-            f"stream = false\n"
+        channel = (
             f'[channels.telegram]\nenabled = true\ntoken = "{tg.token}"\n'
             f'base_url = "{tg.base_url}"\nmode = "webhook"\n'
             f'webhook_url = "https://bot.example/telegram/webhook"\n'
-            f'webhook_secret = "{SECRET}"\ndm_policy = "open"\n',
-            encoding="utf-8",
+            f'webhook_secret = "{SECRET}"\ndm_policy = "open"\n'
         )
-        (tmp_path / "a").mkdir()
-        (tmp_path / "b").mkdir()
-        procs = await asyncio.gather(_start(config, tmp_path / "a"), _start(config, tmp_path / "b"))
-        urls = [url for _proc, url in procs]
-        try:
-            async with aiohttp.ClientSession() as http:
 
-                async def deliver(update: dict[str, Any], url: str) -> int:
-                    async with http.post(
-                        f"{url}/telegram/webhook",
-                        json=update,
-                        headers={"X-Telegram-Bot-Api-Secret-Token": SECRET},
-                    ) as resp:
-                        return resp.status
+        async def send(http: aiohttp.ClientSession, urls: list[str], c: int, m: int) -> None:
+            update = tg.private_message(5000 + c, f"c{c}-m{m}", enqueue=False)
 
-                async def chat(c: int) -> None:
-                    for m in range(PER_CHAT):
-                        update = tg.private_message(5000 + c, f"c{c}-m{m}", enqueue=False)
-                        # Both processes get it, in either order: a redelivery through the LB.
-                        first, second = (urls[0], urls[1]) if (c + m) % 2 else (urls[1], urls[0])
-                        statuses = await asyncio.gather(
-                            deliver(update, first), deliver(update, second)
-                        )
-                        assert statuses == [200, 200]
+            async def post(url: str) -> int:
+                async with http.post(
+                    f"{url}/telegram/webhook", json=update,
+                    headers={"X-Telegram-Bot-Api-Secret-Token": SECRET},
+                ) as resp:
+                    return resp.status
 
-                await asyncio.gather(*(chat(c) for c in range(CHATS)))
+            # Both processes get it, in either order: a redelivery through the LB.
+            assert await asyncio.gather(*(post(url) for url in urls)) == [200, 200]
 
-                answered: dict[int, list[str]] = defaultdict(list)
+        def answered() -> dict[str, list[str]]:
+            chats: dict[str, list[str]] = defaultdict(list)
+            for call in tg.calls_to("sendMessage"):
+                chats[str(call["chat_id"])].extend(_MARK.findall(call["text"]))
+            return chats
 
-                def count() -> int:
-                    answered.clear()
-                    for call in tg.calls_to("sendMessage"):
-                        answered[int(call["chat_id"])].extend(_MARK.findall(call["text"]))
-                    return sum(len(v) for v in answered.values())
+        await _each_answered_once_in_order(
+            tmp_path, _config(postgres.new_database(), fake_llm, channel), send, answered
+        )
 
-                for _ in range(300):
-                    if count() >= CHATS * PER_CHAT:
-                        break
-                    await asyncio.sleep(0.1)
-                await asyncio.sleep(0.5)  # a double answer would arrive now
-                count()
-        finally:
-            errors = [await _stop(proc) for proc, _url in procs]
-        for c in range(CHATS):
-            assert answered[5000 + c] == [f"c{c}-m{m}" for m in range(PER_CHAT)], errors
-        assert all(proc.returncode == 0 for proc, _url in procs), errors
+
+async def test_two_processes_on_slack_http_answer_each_message_once_in_order(
+    tmp_path: Path, fake_llm: FakeOpenAI, postgres: ThrowawayPostgres
+) -> None:
+    fake_llm.default = _answer_all_pending
+    async with FakeSlack() as slack:
+        channel = (
+            f'[channels.slack]\nenabled = true\nmode = "http"\nbot_token = "xoxb-scale"\n'
+            f'signing_secret = "{SLACK_SIGNING_SECRET}"\nbase_url = "{slack.api_url}"\n'
+            f'dm_policy = "open"\n'
+        )
+
+        async def send(http: aiohttp.ClientSession, urls: list[str], c: int, m: int) -> None:
+            event = im_message(f"c{c}-m{m}", user=f"U{c:08d}", channel=f"D{c:08d}")
+            body = json.dumps(event_callback(event))
+
+            async def post(url: str, retry: bool) -> int:
+                headers = signed_headers(SLACK_SIGNING_SECRET, body)
+                if retry:  # what Slack adds when it sends an event again
+                    headers |= {"X-Slack-Retry-Num": "1", "X-Slack-Retry-Reason": "timeout"}
+                async with http.post(f"{url}/slack/events", data=body, headers=headers) as resp:
+                    return resp.status
+
+            statuses = await asyncio.gather(post(urls[0], False), post(urls[1], True))
+            assert statuses == [200, 200]
+
+        def answered() -> dict[str, list[str]]:
+            chats: dict[str, list[str]] = defaultdict(list)
+            for call in slack.calls_to("chat.postMessage"):
+                chats[str(call["channel"])].extend(_MARK.findall(str(call.get("text", ""))))
+            return chats
+
+        await _each_answered_once_in_order(
+            tmp_path, _config(postgres.new_database(), fake_llm, channel), send, answered
+        )
 
 
 async def _read_until(stream: asyncio.StreamReader, needle: str, seconds: float) -> None:
