@@ -143,10 +143,7 @@ class Gateway:
                 continue  # kept for a run that has this channel (`gatehouse chat` has not)
             log.info("sending a reply a stopped run stored but did not send (%s)",
                      message.session_key)
-            if await self.deliver(message):
-                self.delivery.sent(outbox_id)
-            else:
-                self.delivery.failed(outbox_id, message)
+            await self.delivery.send(outbox_id, message)
 
     async def _sweep_pending(self) -> None:
         """Several processes on PostgreSQL: answer what a process that stopped left behind.

@@ -109,6 +109,16 @@ class DeliveryLog:
         if due and self._flushing is None:
             self._flushing = asyncio.create_task(self._flush())
 
+    async def send(self, outbox_id: int, message: OutboundMessage) -> bool:
+        """Send a reply that is in the outbox: logged as sent, or kept and tried again."""
+        if self.resend is None:
+            raise RuntimeError("DeliveryLog.send needs the `resend` callable")
+        if await self.resend(message):
+            self.sent(outbox_id)
+            return True
+        self.failed(outbox_id, message)
+        return False
+
     def failed(self, outbox_id: int, message: OutboundMessage) -> None:
         """The channel could not send this reply: it stays in the outbox and is tried again.
 

@@ -234,15 +234,10 @@ class Runner:
             self.on_turn(stats)
         preview_id = await preview.finish() if preview is not None else None
         reply_out = final if preview_id is None else replace(final, preview_id=preview_id)
-        delivered = await self.deliver(reply_out)
-        if outbox_id is not None:
-            if self.delivery is None:
-                if delivered:
-                    await self.store.forget_outbox([outbox_id])
-            elif delivered:
-                self.delivery.sent(outbox_id)
-            else:
-                self.delivery.failed(outbox_id, reply_out)
+        if outbox_id is not None and self.delivery is not None:
+            await self.delivery.send(outbox_id, reply_out)
+        elif await self.deliver(reply_out) and outbox_id is not None:
+            await self.store.forget_outbox([outbox_id])
 
     async def _converse(
         self,

@@ -613,34 +613,41 @@ async def fire_cron(spec: dict[str, Any]) -> None:
         )
 
 
-async def store_in_session(gateway: Gateway, session_key: str, text: str) -> None:
-    """Append an assistant message to a session's history, between turns."""
+async def store_in_session(
+    gateway: Gateway, session_key: str, text: str, outbound: OutboundMessage | None = None
+) -> int | None:
+    """Append an assistant message to a session's history, between turns; with `outbound`,
+    also queue it for delivery and return its outbox id."""
     session = await gateway.store.get_session(session_key)
     if session is None or session.id is None:
         log.warning("session %s is gone; not storing %r", session_key, text[:80])
-        return
+        return None
     message = Message(role="assistant", content=text)
     message = message.with_tokens(gateway.resolver.counter.count_message(message))
     async with gateway.lanes.hold(session_key):
+        if outbound is not None:
+            return await gateway.store.post_message(session.id, message, outbound)
         await gateway.store.append_messages(session.id, [message])
+        return None
 
 
 async def post_to_session(
     gateway: Gateway, session_key: str, target: ChatTarget, text: str
 ) -> None:
-    """Store first (nothing is lost if delivery fails), then deliver to the chat."""
+    """Store it in the session and the outbox at once, then deliver to the chat: a failed send
+    is tried again, and a crash before it is sent on the next start (gateway/outbox.py)."""
     if await gateway.store.get_session(session_key) is None:
         await gateway.store.ensure_session(
             target.session_info(session_key, gateway.config.gateway.agent)
         )
-    await store_in_session(gateway, session_key, text)
-    await gateway.deliver(
-        OutboundMessage(
-            platform=target.platform,
-            chat_id=target.chat_id,
-            thread_id=target.thread_id,
-            text=text,
-            session_key=session_key,
-            account=target.account,
-        )
+    outbound = OutboundMessage(
+        platform=target.platform,
+        chat_id=target.chat_id,
+        thread_id=target.thread_id,
+        text=text,
+        session_key=session_key,
+        account=target.account,
     )
+    outbox_id = await store_in_session(gateway, session_key, text, outbound)
+    if outbox_id is not None:
+        await gateway.delivery.send(outbox_id, outbound)

@@ -630,6 +630,19 @@ class Store:
 
         return await self._fast(op, write=True)
 
+    async def post_message(
+        self, session_id: int, message: Message, outbound: OutboundMessage
+    ) -> int:
+        """Append a message between turns (a reminder) and queue it for delivery, atomically;
+        returns its outbox id (see `finish_turn`)."""
+
+        def op(cursor: Any) -> int:
+            seq = self._hot.allocate_seqs(cursor, session_id, 1)
+            self._hot.insert_message(cursor, self._reply_values(session_id, seq, message, None))
+            return self._hot.insert_outbox(cursor, session_id, outbound)
+
+        return await self._fast(op, write=True)
+
     async def finish_turn(
         self,
         session_id: int,

@@ -116,6 +116,28 @@ async def test_reminder_from_the_agent_is_posted_in_the_chat_and_kept_in_history
         await gateway.stop(grace=2)
 
 
+async def test_a_reminder_telegram_refused_is_sent_again(
+    make_config: MakeConfig, fake_llm: FakeOpenAI, tg: FakeTelegram
+) -> None:
+    config = telegram_config(make_config, fake_llm, tg, gateway={"pending_sweep_seconds": 0.1})
+    gateway = Gateway(config)
+    gateway.add_channel(TelegramChannel(config.channels.telegram))
+    gateway.delivery.retry_delays = (0.05,)
+    gateway.delivery.shared_grace = 0.3  # PostgreSQL: the sweep is what tries again
+    await gateway.start()
+    try:
+        answer = await call(gateway, "reminder_create",
+                            {"text": "water the plants", "delay": "in 0.2 seconds"}, ctx())
+        assert answer.startswith("Reminder ")
+        tg.fail_next["sendMessage"] = (502, "Bad Gateway")
+        failed, resent = await tg.wait_for_call("sendMessage", n=2, where=_to(USER))
+        assert failed["text"] == resent["text"] == "⏰ Reminder: water the plants"
+        await asyncio.sleep(0.5)
+        assert len(tg.calls_to("sendMessage")) == 2
+    finally:
+        await gateway.stop(grace=2)
+
+
 async def test_tool_errors_are_clear_and_reach_the_model(
     make_config: MakeConfig, fake_llm: FakeOpenAI, tg: FakeTelegram
 ) -> None:
