@@ -9,9 +9,11 @@ twice under cachegrind (``--small`` and ``--large`` messages, 20 at a time, the 
 with start-up and warm-up cancelled out. Only the benchmark process is counted: the fake model
 server runs in a child process that valgrind does not follow, for both paths alike.
 
-``--cache`` also simulates the caches and branch predictor (first-level cache misses and
-mispredicted branches per message): instructions do not cost the same, and those are what make
-one instruction dearer than another. It is about 2.5x slower.
+``--cache`` also simulates the caches and branch predictor (first-level cache misses, misses in a
+per-core L2 the size of this machine's, and mispredicted branches per message): instructions do
+not cost the same, and those are what make one instruction dearer than another. An L2 miss costs
+tens of cycles, so they are what separates two paths with the same instruction count. It is
+about 2.5x slower.
 
     .venv/bin/python bench/instructions.py [--only discord] [--small 200] [--large 600] [--cache]
                                            [--quick] [--json out.json]
@@ -49,7 +51,21 @@ _COUNTERS = {
     "i1_misses": r"I1\s+misses:\s+([\d,]+)",
     "d1_misses": r"D1\s+misses:\s+([\d,]+)",
     "mispredicts": r"Mispredicts:\s+([\d,]+)",
+    "lli_misses": r"LLi\s+misses:\s+([\d,]+)",
+    "lld_misses": r"LLd\s+misses:\s+([\d,]+)",
 }
+L2_SIZE_FILE = Path("/sys/devices/system/cpu/cpu0/cache/index2/size")
+
+
+def l2_bytes() -> int:
+    """This machine's per-core L2 (what cachegrind simulates as its last level), else 2 MiB."""
+    try:
+        text = L2_SIZE_FILE.read_text().strip().upper()
+    except OSError:
+        return 2 * 1024 * 1024
+    scale = {"K": 1024, "M": 1024 * 1024}.get(text[-1:], 1)
+    digits = text.rstrip("KM")
+    return int(digits) * scale if digits.isdigit() else 2 * 1024 * 1024
 
 # What runs under valgrind: one path, `messages` messages, 20 at a time.
 _CHILD = """
@@ -77,7 +93,11 @@ def count(platform: str, gatehouse: bool, messages: int, cache: bool) -> dict[st
         root=str(ROOT), module=module, gatehouse=gatehouse, gatehouse_fn=gatehouse_fn,
         bare_fn=bare_fn, messages=messages, concurrency=CONCURRENCY,
     )
-    sim = ["--cache-sim=yes", "--branch-sim=yes"] if cache else ["--cache-sim=no"]
+    sim = (
+        ["--cache-sim=yes", "--branch-sim=yes", f"--LL={l2_bytes()},16,64"]
+        if cache
+        else ["--cache-sim=no"]
+    )
     done = subprocess.run(
         ["valgrind", "--tool=cachegrind", *sim, "--cachegrind-out-file=/dev/null",
          sys.executable, "-c", code],
@@ -86,11 +106,18 @@ def count(platform: str, gatehouse: bool, messages: int, cache: bool) -> dict[st
     if done.returncode != 0:
         raise RuntimeError(f"{platform} {'gatehouse' if gatehouse else 'bare'} failed:\n"
                            f"{done.stderr[-3000:]}")
+    return read_counters(done.stderr)
+
+
+def read_counters(summary: str) -> dict[str, int]:
+    """The counters in cachegrind's summary; L2 misses are its last-level (LLi + LLd) ones."""
     found: dict[str, int] = {}
     for name, pattern in _COUNTERS.items():
-        match = re.search(pattern, done.stderr)
+        match = re.search(pattern, summary)
         if match:
             found[name] = int(match.group(1).replace(",", ""))
+    if "lli_misses" in found and "lld_misses" in found:
+        found["l2_misses"] = found.pop("lli_misses") + found.pop("lld_misses")
     return found
 
 
@@ -114,7 +141,9 @@ def measure(platform: str, small: int, large: int, cache: bool) -> list[dict[str
 
 
 def table(rows: list[dict[str, Any]], cache: bool) -> Table:
-    names = ["instructions", *(["i1_misses", "d1_misses", "mispredicts"] if cache else [])]
+    names = [
+        "instructions", *(["i1_misses", "d1_misses", "l2_misses", "mispredicts"] if cache else [])
+    ]
     out = Table(title=f"per message, {CONCURRENCY} at a time, counted by valgrind (no clock)")
     out.add_column("platform")
     out.add_column("path")

@@ -218,6 +218,7 @@ def rows_instructions(r: list[dict[str, Any]]) -> list[Row]:
         name = f"{gh['platform'].capitalize()}, CPU instructions per message (valgrind)"
         for key, measure in (("instructions", "instructions"), ("d1_misses", "L1 data misses"),
                              ("i1_misses", "L1 instruction misses"),
+                             ("l2_misses", "L2 misses (simulated, per-core size)"),
                              ("mispredicts", "mispredicted branches")):
             if key in gh and key in bare:
                 rows.append((
