@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -15,12 +16,19 @@ from tests.fakes import FakeOpenAI, reply, tool_call
 
 
 async def in_process(config: Path, *args: str) -> tuple[int, str, str]:
-    """The CLI in this process (a thread: the command runs its own event loop)."""
+    """The CLI in this process (a thread: the command runs its own event loop). The command
+    sets up logging for a process of its own; the test process's logging is put back after."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
     runner = CliRunner()
-    result = await asyncio.to_thread(
-        runner.invoke, app, ["--config", str(config), *args],
-        env={"COLUMNS": "200", "TEST_LLM_KEY": "sk-test"},
-    )
+    try:
+        result = await asyncio.to_thread(
+            runner.invoke, app, ["--config", str(config), *args],
+            env={"COLUMNS": "200", "TEST_LLM_KEY": "sk-test"},
+        )
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
     return result.exit_code, result.stdout, result.stderr
 
 
