@@ -96,9 +96,17 @@ async def _each_answered_once_in_order(
         errors = [await _stop(proc) for proc, _url in procs]
     assert len(answered) == CHATS, errors
     for messages in answered.values():
-        chat = messages[0].split("-")[0]
-        assert messages == [f"{chat}-m{m}" for m in range(PER_CHAT)], errors
+        name = messages[0].split("-")[0]
+        assert messages == [f"{name}-m{m}" for m in range(PER_CHAT)], errors
     assert all(proc.returncode == 0 for proc, _url in procs), errors
+
+
+def _marks_by_chat(calls: list[dict[str, Any]], chat_field: str) -> dict[str, list[str]]:
+    """The message marks each chat's replies answered, in the order they were sent."""
+    chats: dict[str, list[str]] = defaultdict(list)
+    for call in calls:
+        chats[str(call[chat_field])].extend(_MARK.findall(str(call.get("text", ""))))
+    return chats
 
 
 def _config(database: str, llm: FakeOpenAI, channel: str) -> str:
@@ -134,14 +142,9 @@ async def test_two_processes_answer_each_message_once_in_order(
             # Both processes get it, in either order: a redelivery through the LB.
             assert await asyncio.gather(*(post(url) for url in urls)) == [200, 200]
 
-        def answered() -> dict[str, list[str]]:
-            chats: dict[str, list[str]] = defaultdict(list)
-            for call in tg.calls_to("sendMessage"):
-                chats[str(call["chat_id"])].extend(_MARK.findall(call["text"]))
-            return chats
-
         await _each_answered_once_in_order(
-            tmp_path, _config(postgres.new_database(), fake_llm, channel), send, answered
+            tmp_path, _config(postgres.new_database(), fake_llm, channel), send,
+            lambda: _marks_by_chat(tg.calls_to("sendMessage"), "chat_id"),
         )
 
 
@@ -168,16 +171,11 @@ async def test_two_processes_on_slack_http_answer_each_message_once_in_order(
                     return resp.status
 
             statuses = await asyncio.gather(post(urls[0], False), post(urls[1], True))
-            assert statuses == [200, 200]
-
-        def answered() -> dict[str, list[str]]:
-            chats: dict[str, list[str]] = defaultdict(list)
-            for call in slack.calls_to("chat.postMessage"):
-                chats[str(call["channel"])].extend(_MARK.findall(str(call.get("text", ""))))
-            return chats
+            assert list(statuses) == [200, 200]
 
         await _each_answered_once_in_order(
-            tmp_path, _config(postgres.new_database(), fake_llm, channel), send, answered
+            tmp_path, _config(postgres.new_database(), fake_llm, channel), send,
+            lambda: _marks_by_chat(slack.calls_to("chat.postMessage"), "channel"),
         )
 
 
