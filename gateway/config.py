@@ -94,6 +94,16 @@ class LLMSection(_Strict):
         default=True,
         description="with no endpoint configured, start the bundled offline model if installed",
     )
+    _managed_by: str | None = PrivateAttr(default=None)
+
+    @property
+    def managed_by(self) -> str | None:
+        """What runs the endpoint when the gateway itself does (the bundled model), else None."""
+        return self._managed_by
+
+    def manage(self, what: str) -> None:
+        """The endpoint is a server the gateway runs (and restarts): `what` names it to users."""
+        self._managed_by = what
 
     @property
     def configured(self) -> bool:

@@ -157,7 +157,7 @@ class LLMProvider:
                     ) from exc
             except openai.APITimeoutError as exc:
                 if _never_connected(exc):
-                    raise _unreachable(exc) from exc
+                    raise _unreachable(exc, self.settings.managed_by) from exc
                 raise LLMError(
                     f"The model did not answer within {self.settings.timeout:g} s "
                     f"({attempts} attempts). Please try again in a moment.",
@@ -195,7 +195,7 @@ class LLMProvider:
                     detail=str(exc),
                 ) from exc
             except openai.APIConnectionError as exc:
-                raise _unreachable(exc) from exc
+                raise _unreachable(exc, self.settings.managed_by) from exc
             except (openai.APIResponseValidationError, json.JSONDecodeError, ValueError) as exc:
                 if attempt == attempts:
                     raise LLMError(
@@ -331,9 +331,14 @@ def _never_connected(exc: openai.APITimeoutError) -> bool:
     return type(exc.__cause__).__name__ == "ConnectTimeout"
 
 
-def _unreachable(exc: Exception) -> LLMError:
+def _unreachable(exc: Exception, managed_by: str | None = None) -> LLMError:
+    hint = (
+        f"{managed_by} is not answering; the gateway restarts it, so try again in a moment."
+        if managed_by
+        else "Is it running? Check [llm] base_url."
+    )
     return LLMError(
-        "I can't reach the model endpoint. Is it running? Check [llm] base_url.",
+        f"I can't reach the model endpoint. {hint}",
         kind="connection",
         detail=str(exc.__cause__ or exc),
     )

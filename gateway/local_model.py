@@ -247,6 +247,7 @@ def use_local_endpoint(config: Config, server: LocalModelServer) -> None:
     """Point `[llm]` at the running server, with a window the gateway accepts."""
     config.llm.base_url = server.base_url
     config.llm.api_key = "local"
+    config.llm.manage("The bundled offline model")
     use_local_model(config, server.alias, server.context_tokens)
 
 

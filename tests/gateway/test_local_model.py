@@ -195,3 +195,23 @@ async def test_a_server_that_dies_is_restarted_on_the_same_port(
         await server.stop(grace=2)
     assert again.returncode is not None, "a restarted server is stopped with the gateway too"
     assert server.restarts == 1  # and stop() is not mistaken for a crash
+
+
+async def test_while_the_bundled_model_is_down_users_are_told_it_comes_back(
+    make_config: MakeConfig, gguf: Path
+) -> None:
+    config = make_config()  # no [llm] endpoint
+    async with bundled_model(config, lambda _text: None, model_path=gguf,
+                             server_module=FAKE_SERVER) as server:
+        assert server is not None and server.process is not None
+        server.restart_delays = (30.0,)  # down for the rest of the test
+        rg = RunningGateway(Gateway(config))
+        await rg.gateway.start()
+        try:
+            server.process.kill()
+            await server.process.wait()
+            [answer] = await rg.ask("anyone there?")
+        finally:
+            await rg.gateway.stop()
+    assert "The bundled offline model is not answering" in answer
+    assert "[llm] base_url" not in answer  # the user configured no endpoint to check
