@@ -85,9 +85,9 @@ def _config() -> Config:
         err_console.print(f"[red]config error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
     SECRETS.protect(config_secrets(config))  # never in a log line, whatever logs it
-    from gateway.local_model import bundled_model_applies, use_local_model
+    from gateway.local_model import bundled_model_path, use_local_model
 
-    if bundled_model_applies(config):
+    if bundled_model_path(config) is not None:
         # Every command sees the model `gatehouse run` answers with (its window, its token
         # limits); the commands that call the model start it (`_with_bundled_model`).
         use_local_model(config)

@@ -268,15 +268,15 @@ def use_local_model(
         )
 
 
-def bundled_model_applies(config: Config) -> bool:
-    """`gatehouse run` would answer with the bundled model: no endpoint configured, the
-    `local` extra and the model installed, and `[llm] local_model` on."""
-    return (
-        not config.llm.configured
-        and config.llm.local_model
-        and server_installed()
-        and find_bundled_model() is not None
-    )
+def _wanted(config: Config) -> bool:
+    """No endpoint configured and `[llm] local_model` on."""
+    return not config.llm.configured and config.llm.local_model
+
+
+def bundled_model_path(config: Config) -> Path | None:
+    """The GGUF `gatehouse run` would serve: when it is wanted (`_wanted`) and the `local`
+    extra and the model are installed; else None."""
+    return find_bundled_model() if _wanted(config) and server_installed() else None
 
 
 @contextlib.asynccontextmanager
@@ -289,11 +289,11 @@ async def bundled_model(
 ) -> AsyncIterator[LocalModelServer | None]:
     """The offline model for the length of the block, when no endpoint is configured, the
     `local` extra is installed and `[llm] local_model` is on; else None (nothing changes)."""
-    if config.llm.configured or not config.llm.local_model:
+    if not _wanted(config):
         yield None
         return
     if model_path is None:
-        model_path = find_bundled_model() if server_installed() else None
+        model_path = bundled_model_path(config)
     if model_path is None:
         yield None
         return
