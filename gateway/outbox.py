@@ -111,24 +111,25 @@ class DeliveryLog:
 
     async def send(self, outbox_id: int, message: OutboundMessage) -> bool:
         """Send a reply that is in the outbox: logged as sent, or kept and tried again."""
-        if self.resend is None:
+        resend = self.resend
+        if resend is None:
             raise RuntimeError("DeliveryLog.send needs the `resend` callable")
-        if await self.resend(message):
+        if await resend(message):
             self.sent(outbox_id)
             return True
-        self.failed(outbox_id, message)
+        self._try_again_later(outbox_id, message, resend)
         return False
 
-    def failed(self, outbox_id: int, message: OutboundMessage) -> None:
+    def _try_again_later(self, outbox_id: int, message: OutboundMessage, resend: Resend) -> None:
         """The channel could not send this reply: it stays in the outbox and is tried again.
 
         With several processes the sweep does that (it claims the row once it is `shared_grace`
         seconds old, again and again until a send succeeds); alone, this process
         tries again after each of `retry_delays`, then leaves the reply for the next start.
         """
-        if self.shared or self.resend is None or outbox_id in self._retrying:
+        if self.shared or outbox_id in self._retrying:
             return
-        task = asyncio.create_task(self._retry(outbox_id, message, self.resend))
+        task = asyncio.create_task(self._retry(outbox_id, message, resend))
         self._retrying[outbox_id] = task
         task.add_done_callback(lambda _done: self._retrying.pop(outbox_id, None))
 
