@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 ChatType = Literal["direct", "group", "channel", "thread"]
 
@@ -54,6 +54,9 @@ class OutboundMessage:
     preview_id: str | None = None
     """A streamed preview of this reply (`PreviewChannel.send_preview`): `send` edits it into the
     first chunk and sends the rest as new messages."""
+    sent_parts: int = 0
+    """Chunks of this reply an earlier try already delivered (`PartlySent`): `send` starts after
+    them, so a reply that failed halfway is completed, not repeated."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +78,40 @@ class InboundResult:
 
 
 InboundHandler = Callable[[InboundMessage], Awaitable[InboundResult]]
+
+
+class PartlySent(Exception):
+    """A reply sent in several chunks failed after its first `parts` chunks reached the platform.
+
+    Raised from the failure (``__cause__``), so the gateway can try again from chunk `parts`
+    (`OutboundMessage.sent_parts`) instead of repeating what the chat already shows.
+    """
+
+    def __init__(self, parts: int, cause: BaseException) -> None:
+        super().__init__(f"sent {parts} chunk(s), then: {cause!r}")
+        self.parts = parts
+
+
+_Part = TypeVar("_Part")
+
+
+async def send_parts(
+    parts: Sequence[_Part],
+    message: OutboundMessage,
+    send_one: Callable[[int, _Part], Awaitable[None]],
+) -> None:
+    """Send ``parts[message.sent_parts:]`` in order with ``send_one(index, part)``.
+
+    A failure after at least one chunk (this try's or an earlier one's) went out is raised as
+    `PartlySent`; a failure of the very first chunk is raised as it is.
+    """
+    for index in range(message.sent_parts, len(parts)):
+        try:
+            await send_one(index, parts[index])
+        except Exception as exc:
+            if index == 0:
+                raise
+            raise PartlySent(index, exc) from exc
 
 
 class ReplyWaiters:

@@ -70,6 +70,7 @@ from channels.base import (
     InboundHandler,
     InboundMessage,
     OutboundMessage,
+    send_parts,
 )
 from channels.formatting import DISCORD_LIMIT, DISCORD_MAX_LINES, chunk_text, preview_tail
 from gateway.config import DiscordSettings
@@ -375,11 +376,14 @@ class DiscordChannel:
             return
         channel = await self._messageable(message.chat_id, message.thread_id)
         reference = self._reference(message, channel)
-        for index, chunk in enumerate(chunks):
+
+        async def send_one(index: int, chunk: str) -> None:
             if index == 0 and message.preview_id is not None:
                 if await self._edit_preview(channel, message.preview_id, chunk):
-                    continue
+                    return
             await self._send_chunk(channel, chunk, reference if index == 0 else None)
+
+        await send_parts(chunks, message, send_one)
 
     async def send_preview(self, message: OutboundMessage) -> str:
         """The streamed preview, sent as a reply like the first chunk. Its text is not escaped:

@@ -97,6 +97,7 @@ from channels.base import (
     InboundHandler,
     InboundMessage,
     OutboundMessage,
+    send_parts,
 )
 from channels.formatting import SLACK_LIMIT, chunk_text, plain_line
 from gateway.config import SlackSettings
@@ -397,13 +398,15 @@ class SlackChannel:
     # -- outbound ---------------------------------------------------------------------------
 
     async def send(self, message: OutboundMessage) -> None:
-        for index, chunk in enumerate(slack_chunks(message.text, SLACK_LIMIT)):
+        async def send_one(index: int, chunk: str) -> None:
             if index == 0 and message.preview_id is not None:
                 if await self._edit_preview(message.chat_id, message.preview_id, chunk):
-                    continue
+                    return
             await self.client.chat_postMessage(
                 channel=message.chat_id, text=chunk, thread_ts=message.thread_id
             )
+
+        await send_parts(slack_chunks(message.text, SLACK_LIMIT), message, send_one)
 
     async def send_preview(self, message: OutboundMessage) -> str:
         """The streamed preview: the raw text (escaped, not converted), in the reply's thread."""

@@ -80,6 +80,7 @@ from channels.base import (
     InboundHandler,
     InboundMessage,
     OutboundMessage,
+    send_parts,
 )
 from channels.formatting import TELEGRAM_LIMIT, chunk_text, plain_line
 from gateway.config import TelegramSettings
@@ -634,16 +635,19 @@ class TelegramChannel:
         thread = int(message.thread_id) if message.thread_id else None
         reply_to = int(message.reply_to) if message.reply_to else None
         preview = int(message.preview_id) if message.preview_id else None
-        for chunk in chunk_text(message.text, TELEGRAM_LIMIT):
-            for markdown, rendered in _html_chunks(chunk):
-                if preview is not None:
-                    edited = await self._edit_chunk(message.chat_id, preview, markdown, rendered)
-                    preview = None
-                    if edited:
-                        reply_to = None
-                        continue
-                await self._send_chunk(message.chat_id, markdown, rendered, thread, reply_to)
-                reply_to = None  # only the first chunk is a reply
+        parts = [pair for chunk in chunk_text(message.text, TELEGRAM_LIMIT)
+                 for pair in _html_chunks(chunk)]
+
+        async def send_one(index: int, part: tuple[str, str]) -> None:
+            markdown, rendered = part
+            if index == 0 and preview is not None:
+                if await self._edit_chunk(message.chat_id, preview, markdown, rendered):
+                    return
+            # Only the first chunk is a reply.
+            first = reply_to if index == 0 else None
+            await self._send_chunk(message.chat_id, markdown, rendered, thread, first)
+
+        await send_parts(parts, message, send_one)
 
     async def send_preview(self, message: OutboundMessage) -> str:
         """The streamed preview: plain text (no parse mode), a reply like the first chunk."""

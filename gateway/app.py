@@ -7,7 +7,7 @@ import gc
 import logging
 from dataclasses import replace
 
-from channels.base import Channel, InboundMessage, InboundResult, OutboundMessage
+from channels.base import Channel, InboundMessage, InboundResult, OutboundMessage, PartlySent
 from gateway.access import AccessPolicy
 from gateway.config import Config
 from gateway.context_setup import ContextResolver
@@ -17,7 +17,7 @@ from gateway.llm import NOT_CONFIGURED, LLMProvider
 from gateway.maintenance import Maintenance
 from gateway.memory_tools import MemoryFlush, MemoryTools
 from gateway.metrics import GatewayMetrics
-from gateway.outbox import DeliveryLog
+from gateway.outbox import SENT, Delivery, DeliveryLog, failure_text
 from gateway.queue import LanesClosedError, SessionLanes
 from gateway.runner import Runner
 from gateway.schedule_tools import ScheduleTools
@@ -86,7 +86,12 @@ class Gateway:
         self.access = AccessPolicy(config, self.store)
         self.runner.typing = self.typing
         self.runner.previews = Previews(config.channels, self.channels, config.llm.stream)
-        self.delivery = DeliveryLog(config.data_dir, self.store, resend=self.deliver)
+        self.delivery = DeliveryLog(
+            config.data_dir,
+            self.store,
+            resend=self.deliver,
+            max_attempts=config.gateway.delivery_attempts,
+        )
         self.runner.delivery = self.delivery
         if config.memory.archive_transcripts:
             self.runner.archive = self._archive_transcript
@@ -249,15 +254,22 @@ class Gateway:
         if show is not None and channel is not None and channel.capabilities.typing:
             await show(chat_id, thread_id)
 
-    async def deliver(self, message: OutboundMessage) -> bool:
-        """Send through the message's channel; False (logged) when that failed."""
+    async def deliver(self, message: OutboundMessage) -> Delivery:
+        """Send through the message's channel; what failed is logged and described."""
         channel = self.channels.get(message.platform)
         if channel is None:
             log.error("no channel %r to deliver a reply for %s", message.platform, message.session_key)
-            return False
+            return Delivery(False, message.sent_parts, f"no {message.platform!r} channel running")
         try:
             await channel.send(message)
-        except Exception:
+        except PartlySent as exc:
+            cause = exc.__cause__ or exc
+            log.error(
+                "delivery failed on %s for %s after %d chunk(s)",
+                message.platform, message.session_key, exc.parts, exc_info=cause,
+            )
+            return Delivery(False, exc.parts, failure_text(cause))
+        except Exception as exc:
             log.exception("delivery failed on %s for %s", message.platform, message.session_key)
-            return False
-        return True
+            return Delivery(False, message.sent_parts, failure_text(exc))
+        return SENT

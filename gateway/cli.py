@@ -56,6 +56,9 @@ app.add_typer(db_app, name="db")
 jobs_app = typer.Typer(help="Scheduled jobs: reminders, cron tasks and maintenance.",
                        no_args_is_help=True)
 app.add_typer(jobs_app, name="jobs")
+outbox_app = typer.Typer(help="Replies stored but not yet delivered to their platform.",
+                         no_args_is_help=True)
+app.add_typer(outbox_app, name="outbox")
 
 
 class State:
@@ -698,18 +701,25 @@ def memory_reindex(
     )
 
 
-async def _pairing(config: Config, action: str, code: str | None) -> Any:
+async def _with_store(config: Config, use: Callable[[Any], Awaitable[T]]) -> T:
     from gateway.store import Store
 
     store = Store(config.database_url)
     await store.init()
     try:
+        return await use(store)
+    finally:
+        await store.close()
+
+
+async def _pairing(config: Config, action: str, code: str | None) -> Any:
+    async def use(store: Any) -> Any:
         if action == "list":
             return await store.list_pairings()
         assert code is not None
         return await store.decide_pairing(code, action)
-    finally:
-        await store.close()
+
+    return await _with_store(config, use)
 
 
 @pairing_app.command("list")
@@ -816,6 +826,73 @@ def jobs_cancel(job_id: Annotated[str, typer.Argument(help="The job id (see `job
                           highlight=False)
         raise typer.Exit(1)
     console.print(f"cancelled {info.kind} {info.id} of {escape(info.session_key or '-')}")
+
+
+@outbox_app.command("list")
+def outbox_list(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
+) -> None:
+    """Replies waiting to be sent (or given up after `[gateway] delivery_attempts` tries)."""
+    from gateway.outbox import logged_sent
+
+    config = _config()
+    rows = asyncio.run(_with_store(config, lambda store: store.outbox()))
+    # A running gateway on SQLite logs sent replies first and deletes their rows in batches.
+    sent = set(logged_sent(config.data_dir))
+    data = [
+        {
+            "id": r.id, "session": r.session_key, "platform": r.platform, "chat_id": r.chat_id,
+            "state": "given up" if r.given_up_at is not None else "waiting",
+            "attempts": r.attempts, "sent_parts": r.sent_parts, "last_error": r.last_error,
+            "since": r.created_at.isoformat(timespec="seconds"), "text": r.text,
+        }
+        for r in rows
+        if r.id not in sent
+    ]
+    if as_json:
+        print(json.dumps(data, indent=2, ensure_ascii=False))
+        return
+    if not data:
+        console.print("the outbox is empty: every stored reply reached its platform")
+        return
+    table = Table("id", "state", "tries", "session", "last error", "reply")
+    for d in data:
+        table.add_row(str(d["id"]), d["state"], str(d["attempts"]), escape(d["session"]),
+                      escape(d["last_error"] or "-"), escape(d["text"][:60]))
+    console.print(table)
+
+
+@outbox_app.command("retry")
+def outbox_retry(
+    ids: Annotated[list[int] | None, typer.Argument(help="Outbox ids (see `outbox list`)")] = None,
+    every: Annotated[bool, typer.Option("--all", help="Every given-up reply")] = False,
+) -> None:
+    """Give replies their tries back: sent on the gateway's next start (with several
+    processes on PostgreSQL, by the running ones within a few minutes)."""
+    if bool(ids) == every:
+        err_console.print("name outbox ids or --all (not both)", highlight=False)
+        raise typer.Exit(2)
+    changed = asyncio.run(
+        _with_store(_config(), lambda store: store.retry_outbox(None if every else ids))
+    )
+    console.print(f"{changed} repl{'y' if changed == 1 else 'ies'} will be sent again")
+    if not every and ids is not None and changed < len(ids):
+        err_console.print("some ids are not in the outbox (see `gatehouse outbox list`)",
+                          highlight=False)
+        raise typer.Exit(1)
+
+
+@outbox_app.command("drop")
+def outbox_drop(
+    ids: Annotated[list[int], typer.Argument(help="Outbox ids (see `outbox list`)")],
+) -> None:
+    """Stop trying to send these replies; they stay in their conversation."""
+    dropped = asyncio.run(_with_store(_config(), lambda store: store.drop_outbox(ids)))
+    console.print(f"dropped {dropped} repl{'y' if dropped == 1 else 'ies'}")
+    if dropped < len(ids):
+        err_console.print("some ids are not in the outbox (see `gatehouse outbox list`)",
+                          highlight=False)
+        raise typer.Exit(1)
 
 
 @app.command()

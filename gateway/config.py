@@ -50,6 +50,13 @@ class GatewaySection(_Strict):
         gt=0,
         description="PostgreSQL: how often to pick up messages a stopped process left unanswered",
     )
+    delivery_attempts: int = Field(
+        default=10,
+        ge=1,
+        le=1000,
+        description="tries at sending a reply its platform refuses before it is given up "
+        "(kept in the outbox: `gatehouse outbox list`, `retry`)",
+    )
     typing_delay_ms: int = Field(
         default=500, ge=0, description="show typing only when a turn takes longer than this"
     )

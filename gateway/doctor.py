@@ -38,24 +38,35 @@ class Check:
         return self.status != "problem"
 
 
-async def check_database(config: Config) -> Check:
+async def check_database(config: Config) -> list[Check]:
+    """The database opens (and migrates); replies given up on are a warning of their own."""
     from gateway.store import Store
 
     store = Store(config.database_url)
     try:
         await store.init()
         sessions = len(await store.list_sessions())
-        return Check(
+        given_up = [row for row in await store.outbox() if row.given_up_at is not None]
+        checks = [Check(
             "database", "ready",
             f"{redacted_url(config.database_url)}: {sessions:,} sessions, "
             f"schema {store.schema_status}",
-        )
+        )]
+        if given_up:
+            checks.append(Check(
+                "outbox", "warning",
+                f"{len(given_up)} repl{'y' if len(given_up) == 1 else 'ies'} never reached "
+                f"the platform (last error: {given_up[-1].last_error})",
+                "See `gatehouse outbox list`; `gatehouse outbox retry --all` sends them again "
+                "on the next start, `gatehouse outbox drop ID` forgets one.",
+            ))
+        return checks
     except Exception as exc:
-        return Check(
+        return [Check(
             "database", "problem", f"{redacted_url(config.database_url)}: {_first_line(exc)}",
             "Check [gateway] database_url (PostgreSQL: is the server running and the password "
             "right?) or that [gateway] data_dir is writable.",
-        )
+        )]
     finally:
         await store.close()
 

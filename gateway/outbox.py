@@ -21,6 +21,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from channels.base import OutboundMessage
@@ -41,8 +42,31 @@ RETRY_DELAYS: tuple[float, ...] = (2.0, 10.0, 30.0, 60.0, 300.0, 900.0)
 retried 429s and dropped connections itself, so what reaches here is an outage or a refusal; after
 the last try (about 22 minutes in all) the reply waits in the outbox for the next start."""
 
-Resend = Callable[[OutboundMessage], Awaitable[bool]]
-"""Sends a reply through its channel; False when the channel could not (`Gateway.deliver`)."""
+DELIVERY_ATTEMPTS = 10
+"""Failed tries after which a reply is given up (`[gateway] delivery_attempts`): it stays in the
+outbox, listed by `gatehouse outbox list`, until an operator retries or drops it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """What one try at sending a reply came to (`Gateway.deliver`)."""
+
+    sent: bool
+    sent_parts: int = 0
+    """When not sent: chunks of the reply the platform has (earlier tries included)."""
+    error: str | None = None
+
+
+SENT = Delivery(sent=True)
+
+
+def failure_text(exc: BaseException) -> str:
+    """One line for an outbox row's `last_error`: the exception's type and first line."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}"[:300] if lines else type(exc).__name__
+
+Deliver = Callable[[OutboundMessage], Awaitable[Delivery]]
+"""Sends a reply through its channel (`Gateway.deliver`)."""
 
 
 class DeliveryLog:
@@ -59,13 +83,15 @@ class DeliveryLog:
         store: Store,
         batch: int = 256,
         interval: float = 5.0,
-        resend: Resend | None = None,
+        resend: Deliver | None = None,
         retry_delays: tuple[float, ...] = RETRY_DELAYS,
+        max_attempts: int = DELIVERY_ATTEMPTS,
     ) -> None:
         self.shared = not store.is_sqlite
         self.shared_grace = SHARED_GRACE_SECONDS
         self.resend = resend
         self.retry_delays = retry_delays
+        self.max_attempts = max_attempts
         self._retrying: dict[int, asyncio.Task[None]] = {}
         self._deleting: set[asyncio.Task[None]] = set()
         self.directory = directory
@@ -114,18 +140,46 @@ class DeliveryLog:
         resend = self.resend
         if resend is None:
             raise RuntimeError("DeliveryLog.send needs the `resend` callable")
-        if await resend(message):
+        result = await resend(message)
+        if result.sent:
             self.sent(outbox_id)
             return True
-        self._try_again_later(outbox_id, message, resend)
+        left = await self._failed(outbox_id, message, result)
+        if left is not None:
+            self._try_again_later(outbox_id, left, resend)
         return False
 
-    def _try_again_later(self, outbox_id: int, message: OutboundMessage, resend: Resend) -> None:
+    async def _failed(
+        self, outbox_id: int, message: OutboundMessage, result: Delivery
+    ) -> OutboundMessage | None:
+        """Count the failed try in the outbox row; what to send next time, or None when the
+        reply is given up (or gone)."""
+        left = replace(message, sent_parts=max(message.sent_parts, result.sent_parts))
+        try:
+            row = await self.store.outbox_failed(
+                outbox_id, left.sent_parts, result.error or "not sent", self.max_attempts
+            )
+        except Exception:
+            log.exception("could not record a failed delivery for %s", message.session_key)
+            return left
+        if row is None:
+            return None
+        if row.given_up_at is not None:
+            log.error(
+                "gave up on a reply for %s after %d tries (last error: %s); it stays in the "
+                "outbox: `gatehouse outbox retry %d` sends it again, `drop` forgets it",
+                message.session_key, row.attempts, row.last_error, outbox_id,
+            )
+            return None
+        return left
+
+    def _try_again_later(self, outbox_id: int, message: OutboundMessage, resend: Deliver) -> None:
         """The channel could not send this reply: it stays in the outbox and is tried again.
 
         With several processes the sweep does that (it claims the row once it is `shared_grace`
-        seconds old, again and again until a send succeeds); alone, this process
-        tries again after each of `retry_delays`, then leaves the reply for the next start.
+        seconds old, again and again until a send succeeds or the reply is given up); alone,
+        this process tries again after each of `retry_delays`, then leaves the reply for the
+        next start.
         """
         if self.shared or outbox_id in self._retrying:
             return
@@ -133,13 +187,18 @@ class DeliveryLog:
         self._retrying[outbox_id] = task
         task.add_done_callback(lambda _done: self._retrying.pop(outbox_id, None))
 
-    async def _retry(self, outbox_id: int, message: OutboundMessage, resend: Resend) -> None:
+    async def _retry(self, outbox_id: int, message: OutboundMessage, resend: Deliver) -> None:
         for attempt, delay in enumerate(self.retry_delays, start=2):
             await asyncio.sleep(delay)
-            if await resend(message):
+            result = await resend(message)
+            if result.sent:
                 log.info("delivered a reply for %s on try %d", message.session_key, attempt)
                 self.sent(outbox_id)
                 return
+            left = await self._failed(outbox_id, message, result)
+            if left is None:
+                return
+            message = left
         log.error(
             "could not deliver a reply for %s in %d tries; it stays in the outbox and is sent "
             "again when the gateway next starts", message.session_key, len(self.retry_delays) + 1,

@@ -36,7 +36,7 @@ from gateway.config import Config
 from gateway.context_setup import ContextResolver, Conversation
 from gateway.llm import ContextOverflowError, LLMError, LLMProvider
 from gateway.memory_tools import MemoryFlush
-from gateway.outbox import DeliveryLog
+from gateway.outbox import Deliver, DeliveryLog
 from gateway.store import (
     CompactionRow,
     HistoryRead,
@@ -54,8 +54,6 @@ from memory.agents_md import AgentsFile
 
 log = logging.getLogger(__name__)
 
-Deliver = Callable[[OutboundMessage], Awaitable[bool]]
-"""Sends a reply through its channel; False when the channel could not (it was logged)."""
 Typing = Callable[[str, str, str | None], Awaitable[None]]
 Archive = Callable[[str, int, int, str], Awaitable[None]]
 """(session key, first seq, last seq, transcript text): keeps compacted text searchable."""
@@ -236,7 +234,7 @@ class Runner:
         reply_out = final if preview_id is None else replace(final, preview_id=preview_id)
         if outbox_id is not None and self.delivery is not None:
             await self.delivery.send(outbox_id, reply_out)
-        elif await self.deliver(reply_out) and outbox_id is not None:
+        elif (await self.deliver(reply_out)).sent and outbox_id is not None:
             await self.store.forget_outbox([outbox_id])
 
     async def _converse(

@@ -713,9 +713,9 @@ class Store:
 
         def op(db: Session) -> list[OutboxRow]:
             stale = db.exec(
-                select(OutboxRow).where(col(OutboxRow.created_at) < cutoff).order_by(
-                    col(OutboxRow.id)
-                )
+                select(OutboxRow)
+                .where(col(OutboxRow.created_at) < cutoff, col(OutboxRow.given_up_at).is_(None))
+                .order_by(col(OutboxRow.id))
             ).all()
             mine: list[OutboxRow] = []
             for row in stale:
@@ -739,12 +739,66 @@ class Store:
         `older_than` (seconds): with several processes, a fresh row may be one another live
         process is sending right now; only replies left that long are someone else's to send.
         """
-        stmt = select(OutboxRow).order_by(col(OutboxRow.id))
+        stmt = (
+            select(OutboxRow).where(col(OutboxRow.given_up_at).is_(None)).order_by(col(OutboxRow.id))
+        )
         if older_than is not None:
             cutoff = utcnow() - timedelta(seconds=older_than)
             stmt = stmt.where(col(OutboxRow.created_at) < cutoff)
         rows = await self._read(lambda db: list(db.exec(stmt).all()))
         return [(row.id, _outbound(row)) for row in rows if row.id is not None]
+
+    async def outbox(self) -> list[OutboxRow]:
+        """Every reply not confirmed as sent, given-up ones included (`gatehouse outbox list`)."""
+        stmt = select(OutboxRow).order_by(col(OutboxRow.id))
+        return await self._read(lambda db: list(db.exec(stmt).all()))
+
+    async def outbox_failed(
+        self, outbox_id: int, sent_parts: int, error: str, max_attempts: int
+    ) -> OutboxRow | None:
+        """Count a failed try at sending a reply; give it up at `max_attempts` tries.
+
+        Keeps how many chunks the platform already has, so the next try resumes after them.
+        None when the row is gone (sent meanwhile, or dropped by an operator).
+        """
+        error = error[:2000]
+
+        def op(db: Session) -> OutboxRow | None:
+            row = db.get(OutboxRow, outbox_id)
+            if row is None:
+                return None
+            row.attempts += 1
+            row.sent_parts = max(row.sent_parts, sent_parts)
+            row.last_error = error
+            if row.attempts >= max_attempts and row.given_up_at is None:
+                row.given_up_at = utcnow()
+            db.add(row)
+            db.flush()
+            db.refresh(row)
+            return row
+
+        return await self._write(op)
+
+    async def retry_outbox(self, outbox_ids: Iterable[int] | None = None) -> int:
+        """Give replies their tries back (all given-up ones with no ids); how many rows changed.
+
+        They go out on the gateway's next start, or with several processes within the sweep.
+        """
+        stmt = update(OutboxRow).values(given_up_at=None, attempts=0)
+        ids = None if outbox_ids is None else list(outbox_ids)
+        if ids is None:
+            stmt = stmt.where(col(OutboxRow.given_up_at).is_not(None))
+        else:
+            stmt = stmt.where(col(OutboxRow.id).in_(ids))
+        return await self._write(lambda db: db.exec(stmt).rowcount)
+
+    async def drop_outbox(self, outbox_ids: Iterable[int]) -> int:
+        """Stop trying to send these replies (they stay in their conversation); rows deleted."""
+        ids = list(outbox_ids)
+        if not ids:
+            return 0
+        stmt = delete(OutboxRow).where(col(OutboxRow.id).in_(ids))
+        return await self._write(lambda db: db.exec(stmt).rowcount)
 
     async def summary_and_history(
         self, session_id: int, known: Known = None
@@ -1030,6 +1084,7 @@ def _outbound(row: OutboxRow) -> OutboundMessage:
         reply_to=row.reply_to,
         account=row.account,
         answers=tuple(row.answers or ()),
+        sent_parts=row.sent_parts,
     )
 
 

@@ -319,6 +319,10 @@ class HotPath:
             "answers": self.d.dump_json(list(message.answers)),
             "text": message.text,
             "created_at": self.d.dump_time(utcnow()),
+            "attempts": 0,
+            "sent_parts": message.sent_parts,
+            "last_error": None,
+            "given_up_at": None,
         }
         return int(self._one(cursor, INSERT_OUTBOX, params)[0])
 

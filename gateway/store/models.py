@@ -170,3 +170,10 @@ class OutboxRow(SQLModel, table=True):
     answers: Any = Field(default=None, sa_column=Column(JSON))
     text: str = Field(sa_column=Column(Text, nullable=False))
     created_at: datetime = Field(default_factory=utcnow)
+    attempts: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    """Tries that failed so far; at `[gateway] delivery_attempts` the reply is given up."""
+    sent_parts: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    """Chunks the platform already has (a reply that failed halfway resumes after them)."""
+    last_error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    given_up_at: datetime | None = None
+    """Set when the reply ran out of tries: no longer sent by itself (`gatehouse outbox retry`)."""

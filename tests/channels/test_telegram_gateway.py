@@ -14,7 +14,7 @@ from channels.telegram import TelegramChannel
 from gateway.app import Gateway
 from gateway.store import Store
 from tests.conftest import MakeConfig
-from tests.fakes import FakeOpenAI
+from tests.fakes import FakeOpenAI, reply
 from tests.fakes.telegram_server import FakeTelegram, entity
 
 GROUP = -1001234567890
@@ -192,6 +192,99 @@ async def test_a_reply_still_refused_waits_in_the_outbox_for_the_next_start(
         await again.stop(grace=2)
     assert await _undelivered(config.database_url) == []
     assert len(fake_llm.requests) == 1
+
+
+def _long_reply(parts: int) -> str:
+    """Markdown that Telegram needs `parts` messages for (paragraphs of ~3,000 characters)."""
+    return "\n\n".join(f"Part {n}: " + "word " * 600 for n in range(1, parts + 1))
+
+
+async def test_a_reply_that_failed_halfway_is_completed_not_repeated(
+    make_config: MakeConfig, tg: FakeTelegram, fake_llm: FakeOpenAI
+) -> None:
+    config = make_config(
+        fake_llm,
+        gateway={"pending_sweep_seconds": 0.1},
+        channels={
+            "telegram": {
+                "enabled": True, "token": tg.token, "base_url": tg.base_url, "dm_policy": "open"
+            }
+        },
+    )
+    gw = Gateway(config)
+    gw.add_channel(TelegramChannel(config.channels.telegram))
+    gw.delivery.retry_delays = (0.05,)
+    gw.delivery.shared_grace = 0.3
+    seen = 0
+
+    def refuse_the_second(call: Any) -> None:
+        nonlocal seen
+        if call.method == "sendMessage":
+            seen += 1
+            if seen == 2:  # the second chunk of the reply
+                tg.fail_next["sendMessage"] = (502, "Bad Gateway")
+
+    tg.on_call = refuse_the_second
+    fake_llm.script(reply(_long_reply(3)))
+    await gw.start()
+    try:
+        tg.private_message(7, "tell me everything")
+        calls = await tg.wait_for_call("sendMessage", n=4, where=_to(7))
+        await asyncio.sleep(0.5)
+        assert len(tg.calls_to("sendMessage")) == 4  # 1, 2 (refused), 2, 3: nothing twice
+        texts = [c["text"] for c in calls]
+        assert texts[1] == texts[2]
+        starts = [t.split(":")[0] for t in (texts[0], texts[2], texts[3])]
+        assert starts == ["Part 1", "Part 2", "Part 3"]
+        assert calls[0].get("reply_parameters") or calls[0].get("reply_to_message_id")
+        assert not (calls[2].get("reply_parameters") or calls[2].get("reply_to_message_id"))
+    finally:
+        await gw.stop(grace=2)
+    assert await _undelivered(config.database_url) == []
+
+
+async def test_a_reply_refused_every_time_is_given_up_and_kept_for_the_operator(
+    make_config: MakeConfig, tg: FakeTelegram, fake_llm: FakeOpenAI
+) -> None:
+    config = make_config(
+        fake_llm,
+        gateway={"pending_sweep_seconds": 0.1, "delivery_attempts": 3},
+        channels={
+            "telegram": {
+                "enabled": True, "token": tg.token, "base_url": tg.base_url, "dm_policy": "open"
+            }
+        },
+    )
+    gw = Gateway(config)
+    gw.add_channel(TelegramChannel(config.channels.telegram))
+    gw.delivery.retry_delays = (0.05, 0.05, 0.05, 0.05)
+    gw.delivery.shared_grace = 0.2
+
+    def refuse(call: Any) -> None:
+        if call.method == "sendMessage":
+            tg.fail_next["sendMessage"] = (403, "Forbidden: bot was blocked by the user")
+
+    tg.on_call = refuse
+    await gw.start()
+    try:
+        tg.private_message(7, "hello?")
+        await tg.wait_for_call("sendMessage", n=3, where=_to(7), timeout=10)
+        await asyncio.sleep(1.0)
+        assert len(tg.calls_to("sendMessage")) == 3  # then given up: no fourth try
+    finally:
+        await gw.stop(grace=2)
+    store = Store(config.database_url)
+    await store.init()
+    try:
+        [row] = await store.outbox()
+        assert row.attempts == 3 and row.given_up_at is not None
+        assert row.last_error is not None and "blocked by the user" in row.last_error
+        assert await store.undelivered() == []  # not sent by itself on the next start
+        assert await store.retry_outbox() == 1
+        [(_id, waiting)] = await store.undelivered()
+        assert waiting.text == "echo: hello?"
+    finally:
+        await store.close()
 
 
 async def _undelivered(database_url: str) -> list[OutboundMessage]:

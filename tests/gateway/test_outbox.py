@@ -93,3 +93,27 @@ async def test_a_reply_for_a_channel_this_run_lacks_waits_for_one_that_has_it(
         assert [m.text for _i, m in await store.undelivered()] == ["for telegram"]
     finally:
         await store.close()
+
+
+async def test_failed_tries_are_counted_until_the_reply_is_given_up(database_url: str) -> None:
+    store = Store(database_url)
+    await store.init()
+    try:
+        first = await finished_turn(store, "refused")
+        second = await finished_turn(store, "also refused")
+        row = await store.outbox_failed(first, 2, "HTTPError: 502", max_attempts=2)
+        assert row is not None and row.attempts == 1 and row.given_up_at is None
+        [(_id, resumed), _other] = await store.undelivered()
+        assert resumed.sent_parts == 2  # the next try starts at the third chunk
+        row = await store.outbox_failed(first, 1, "Forbidden", max_attempts=2)
+        assert row is not None and row.given_up_at is not None
+        assert row.sent_parts == 2 and row.last_error == "Forbidden"
+        assert [i for i, _m in await store.undelivered()] == [second]
+        assert [i for i, _m in await store.claim_stale_outbox(-60)] == [second]
+        assert await store.retry_outbox([first]) == 1
+        assert [i for i, _m in await store.undelivered()] == [first, second]
+        assert await store.drop_outbox([first, second, 12345]) == 2
+        assert await store.outbox() == []
+        assert await store.outbox_failed(first, 0, "gone", max_attempts=2) is None
+    finally:
+        await store.close()
