@@ -135,6 +135,33 @@ async def test_endpoints_are_restored_after_stop(fake: FakeDiscord, collector: C
     assert str(discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY) == "wss://gateway.discord.gg/"
 
 
+async def test_each_shard_gets_its_own_guilds_and_shard_0_the_dms(collector: Collector) -> None:
+    async with FakeDiscord(shard_count=2, guild_shard=1) as fake:
+        only_0 = DiscordChannel(
+            settings_for(fake, shard_count=2, shard_ids=[0]), guild_ready_timeout=0.01
+        )
+        await only_0.start(collector)
+        try:
+            fake.guild_message("for shard 1", mention=True)
+            fake.dm_message("for shard 0")
+            [dm] = await collector.wait_for(1)
+            assert dm.text == "for shard 0"
+            await asyncio.sleep(0.2)
+            assert len(collector.messages) == 1  # the guild is another process's shard
+        finally:
+            await only_0.stop()
+        both = DiscordChannel(
+            settings_for(fake, shard_count=2, shard_ids=[0, 1]), guild_ready_timeout=0.01
+        )
+        await both.start(collector)
+        try:
+            [_dm, guild] = await collector.wait_for(2)
+            assert guild.text == "for shard 1" and guild.chat_type == "channel"
+            assert sorted(i["shard"] for i in fake.identifies[1:]) == [[0, 2], [1, 2]]
+        finally:
+            await both.stop()
+
+
 async def test_auto_sharded_client(fake: FakeDiscord, collector: Collector) -> None:
     chan = DiscordChannel(
         settings_for(fake, shard_count=1, shard_ids=[0]), guild_ready_timeout=0.01

@@ -1,5 +1,5 @@
-"""Two `gatehouse run` processes on one PostgreSQL database, Telegram in webhook mode and Slack
-in HTTP (Events API) mode.
+"""Two `gatehouse run` processes on one PostgreSQL database: Telegram in webhook mode, Slack
+in HTTP (Events API) mode, Discord with one shard each.
 
 A load balancer may hand any update to either process, and both platforms redeliver what they
 think failed: here every update is posted to *both* processes. Each message must be answered
@@ -21,6 +21,7 @@ import aiohttp
 
 from tests.e2e.test_cli import GATEHOUSE, env
 from tests.fakes import FakeOpenAI, Reply
+from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.slack_server import FakeSlack, event_callback, im_message, signed_headers
 from tests.fakes.telegram_server import FakeTelegram
 from tests.postgres import ThrowawayPostgres
@@ -30,6 +31,8 @@ SLACK_SIGNING_SECRET = "slack-signing-secret-1"
 CHATS = 8
 PER_CHAT = 5
 _MARK = re.compile(r"c\d+-m\d+")
+GUILD = 100
+"""Discord: sender c's guild messages are marked c{GUILD + c} (their DMs c{c})."""
 
 
 def _answer_all_pending(body: dict[str, Any]) -> Reply:
@@ -243,3 +246,66 @@ async def test_a_killed_leader_is_replaced_and_a_due_reminder_fires_once(
         finally:
             err = await _stop(second)
         assert second.returncode == 0, err
+
+
+async def test_two_processes_split_discord_shards_and_answer_each_message_once(
+    tmp_path: Path, fake_llm: FakeOpenAI, postgres: ThrowawayPostgres
+) -> None:
+    """Process a runs shard 0 (which gets DMs), process b shard 1 (which has the guild)."""
+    fake_llm.default = _answer_all_pending
+    database = postgres.new_database()
+    async with FakeDiscord(shard_count=2, guild_shard=1) as fake:
+        procs = []
+        for shard, name in enumerate("ab"):
+            channel = (
+                f'[channels.discord]\nenabled = true\ntoken = "{fake.token}"\n'
+                f'api_base_url = "{fake.api_base_url}"\ngateway_url = "{fake.gateway_url}"\n'
+                f'dm_policy = "open"\nshard_count = 2\nshard_ids = [{shard}]\n'
+            )
+            config = tmp_path / f"{name}.toml"
+            config.write_text(_config(database, fake_llm, channel), encoding="utf-8")
+            (tmp_path / name).mkdir()
+            procs.append(await _start(config, tmp_path / name))
+        users = [fake.user(str(10**18 + c), f"user{c}") for c in range(CHATS)]
+
+        def answered() -> dict[str, list[str]]:
+            chats: dict[str, list[str]] = defaultdict(list)
+            for call in fake.calls_to("POST", "/channels/"):
+                if call.path.endswith("/messages") and call.status == 200:
+                    content = str((call.json or {}).get("content", ""))
+                    chats[call.path.split("/")[2]].extend(_MARK.findall(content))
+            return chats
+
+        try:
+            await _wait_for_identifies(fake, 2)
+            for m in range(PER_CHAT):
+                for c, user in enumerate(users):
+                    fake.dm_message(f"c{c}-m{m}", author=user)
+                    fake.guild_message(f"c{GUILD + c}-m{m}", author=user, mention=True)
+            for _ in range(300):
+                if sum(len(v) for v in answered().values()) >= 2 * CHATS * PER_CHAT:
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(0.5)  # a double answer would arrive now
+        finally:
+            errors = [await _stop(proc) for proc, _url in procs]
+        chats = answered()
+        guild = chats.pop(fake.text_channel_id, [])
+        assert len(guild) == CHATS * PER_CHAT, errors  # all of them, once each
+        for c in range(GUILD, GUILD + CHATS):  # each sender's guild messages in the order sent
+            mine = [mark for mark in guild if mark.startswith(f"c{c}-")]
+            assert mine == [f"c{c}-m{m}" for m in range(PER_CHAT)], errors
+        assert len(chats) == CHATS, errors
+        for messages in chats.values():
+            name = messages[0].split("-")[0]
+            assert messages == [f"{name}-m{m}" for m in range(PER_CHAT)], errors
+        assert sorted(i["shard"] for i in fake.identifies) == [[0, 2], [1, 2]]
+        assert all(proc.returncode == 0 for proc, _url in procs), errors
+
+
+async def _wait_for_identifies(fake: FakeDiscord, n: int) -> None:
+    for _ in range(300):
+        if len(fake.identifies) >= n:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{len(fake.identifies)} of {n} shards identified")

@@ -38,7 +38,9 @@ with a charset suffix). Anything else is a 404 with a Discord-shaped error body,
 Gateway at ``/gw`` and ``/gw/``: HELLO → (client) IDENTIFY → READY (bot user, session id,
 ``resume_gateway_url``, the guild as unavailable, and ``shard`` echoed from IDENTIFY) →
 GUILD_CREATE (a guild with a text channel, a thread, the bot's managed role and the bot member)
-→ queued dispatches in order. Heartbeats (op 1) are ACKed (op 11); a RESUME gets RESUMED.
+→ queued dispatches in order. With ``FakeDiscord(shard_count=N, guild_shard=k)`` the guild lives on
+shard ``k``: only a session that identified as shard ``k`` of ``N`` gets it and its messages, DMs go
+to shard 0 (as on Discord), and an IDENTIFY with another shard count is closed with 4011. Heartbeats (op 1) are ACKed (op 11); a RESUME gets RESUMED.
 Frames are sent as plain text JSON (no zlib), which discord.py accepts.
 
 Snowflakes are real-looking (18–19 digits, time based): discord.py's mention parsing needs 17+.
@@ -84,6 +86,15 @@ def snowflake() -> str:
     return str((ms << 22) | (next(_counter) & 0x3FFFFF))
 
 
+def snowflake_on_shard(shard: int, shard_count: int) -> str:
+    """A fresh snowflake whose guild would live on ``shard``: ``(id >> 22) % shard_count``."""
+    while True:
+        candidate = snowflake()
+        if (int(candidate) >> 22) % shard_count == shard:
+            return candidate
+        time.sleep(0.001)  # the next millisecond is the next shard
+
+
 def _now_iso() -> str:
     return datetime.now(UTC).isoformat()
 
@@ -118,15 +129,20 @@ class FakeDiscord(LoopbackServer):
         bot_name: str = "gatehouse",
         heartbeat_interval_ms: int = 45_000,
         host: str = "127.0.0.1",
+        shard_count: int = 1,
+        guild_shard: int = 0,
     ) -> None:
         self.token = token
         self.host = host
         self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.shard_count = shard_count
+        """What ``GET /gateway/bot`` recommends; dispatches go to the shard Discord would use:
+        the guild's ``(guild_id >> 22) % shard_count``, and shard 0 for DMs."""
         self.bot_id = snowflake()
         self.bot_name = bot_name
         self.app_id = self.bot_id
         self.owner_id = snowflake()
-        self.guild_id = snowflake()
+        self.guild_id = snowflake_on_shard(guild_shard, shard_count)
         self.text_channel_id = snowflake()
         self.thread_id = snowflake()
         self.bot_role_id = snowflake()
@@ -154,7 +170,10 @@ class FakeDiscord(LoopbackServer):
         self._edit_rate_limits: list[tuple[float, bool, bool]] = []
 
         self._cond = asyncio.Condition()
-        self._outbox: asyncio.Queue[tuple[str, JSON]] = asyncio.Queue()
+        self._outboxes: dict[int, asyncio.Queue[tuple[str, JSON]]] = {
+            shard: asyncio.Queue() for shard in range(shard_count)
+        }
+        self._session_shards: dict[str, int] = {}
         self._sockets: set[web.WebSocketResponse] = set()
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -399,8 +418,11 @@ class FakeDiscord(LoopbackServer):
     # -- dispatch helpers ---------------------------------------------------------------------
 
     def dispatch(self, event: str, data: JSON) -> JSON:
-        """Queue a gateway dispatch; sent in order once a session is READY. Returns ``data``."""
-        self._outbox.put_nowait((event, data))
+        """Queue a gateway dispatch for its shard; sent in order once a session of that shard
+        is READY. Returns ``data``."""
+        guild_id = data.get("guild_id")
+        shard = (int(guild_id) >> 22) % self.shard_count if guild_id else 0
+        self._outboxes[shard].put_nowait((event, data))
         return data
 
     def dm_message(self, text: str, *, author: JSON | None = None, **kw: Any) -> JSON:
@@ -581,7 +603,7 @@ class FakeDiscord(LoopbackServer):
             return _json(
                 {
                     "url": self.gateway_url.rstrip("/"),
-                    "shards": 1,
+                    "shards": self.shard_count,
                     "session_start_limit": {
                         "total": 1000,
                         "remaining": 999,
@@ -650,9 +672,10 @@ class FakeDiscord(LoopbackServer):
                 json.dumps({"op": _OP_DISPATCH, "t": event, "s": next(seq), "d": data})
             )
 
-        async def pump_outbox() -> None:
+        async def pump_outbox(shard: int) -> None:
+            outbox = self._outboxes[shard]
             while True:
-                event, data = await self._outbox.get()
+                event, data = await outbox.get()
                 await send_dispatch(event, data)
 
         try:
@@ -681,11 +704,18 @@ class FakeDiscord(LoopbackServer):
                     async with self._cond:
                         self.identifies.append(identify)
                         self._cond.notify_all()
+                    shard, count = identify.get("shard") or (0, 1)
+                    if count != self.shard_count:
+                        await ws.close(code=4011, message=b"Sharding required.")
+                        break
+                    guild_here = (int(self.guild_id) >> 22) % count == shard
+                    session_id = f"fake-session-{snowflake()}"
+                    self._session_shards[session_id] = shard
                     ready: JSON = {
                         "v": 10,
                         "user": self.bot_user,
-                        "guilds": [{"id": self.guild_id, "unavailable": True}],
-                        "session_id": f"fake-session-{snowflake()}",
+                        "guilds": [{"id": self.guild_id, "unavailable": True}] if guild_here else [],
+                        "session_id": session_id,
                         "resume_gateway_url": self.gateway_url,
                         "application": {"id": self.app_id, "flags": 0},
                         "private_channels": [],
@@ -694,13 +724,15 @@ class FakeDiscord(LoopbackServer):
                     if "shard" in identify:
                         ready["shard"] = identify["shard"]
                     await send_dispatch("READY", ready)
-                    await send_dispatch("GUILD_CREATE", self.guild())
+                    if guild_here:
+                        await send_dispatch("GUILD_CREATE", self.guild())
                     if pump is None:
-                        pump = asyncio.create_task(pump_outbox())
+                        pump = asyncio.create_task(pump_outbox(shard))
                 elif op == _OP_RESUME:
                     await send_dispatch("RESUMED", {})
+                    session = str((frame.get("d") or {}).get("session_id"))
                     if pump is None:
-                        pump = asyncio.create_task(pump_outbox())
+                        pump = asyncio.create_task(pump_outbox(self._session_shards.get(session, 0)))
         finally:
             if pump is not None:
                 pump.cancel()
