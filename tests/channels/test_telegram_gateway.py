@@ -43,6 +43,15 @@ async def gateway(
         await gw.stop(grace=2)
 
 
+def open_dms(tg: FakeTelegram) -> dict[str, Any]:
+    """The channels section of a gateway that answers anyone's DMs on the fake."""
+    return {
+        "telegram": {
+            "enabled": True, "token": tg.token, "base_url": tg.base_url, "dm_policy": "open"
+        }
+    }
+
+
 def _to(chat_id: int) -> Callable[[dict[str, Any]], bool]:
     return lambda params: params.get("chat_id") == chat_id
 
@@ -101,11 +110,7 @@ async def test_typing_shows_for_a_slow_turn_only(
     config = make_config(
         fake_llm,
         gateway={"typing_delay_ms": 100},
-        channels={
-            "telegram": {
-                "enabled": True, "token": tg.token, "base_url": tg.base_url, "dm_policy": "open"
-            }
-        },
+        channels=open_dms(tg),
     )
     gw = Gateway(config)
     gw.add_channel(TelegramChannel(config.channels.telegram))
@@ -132,11 +137,7 @@ async def test_a_reply_telegram_refused_stays_in_the_outbox_and_is_sent_again(
     config = make_config(
         fake_llm,
         gateway={"pending_sweep_seconds": 0.1},  # PostgreSQL: the sweep is what tries again
-        channels={
-            "telegram": {
-                "enabled": True, "token": tg.token, "base_url": tg.base_url, "dm_policy": "open"
-            }
-        },
+        channels=open_dms(tg),
     )
     gw = Gateway(config)
     gw.add_channel(TelegramChannel(config.channels.telegram))
@@ -161,11 +162,7 @@ async def test_a_reply_still_refused_waits_in_the_outbox_for_the_next_start(
 ) -> None:
     config = make_config(
         fake_llm,
-        channels={
-            "telegram": {
-                "enabled": True, "token": tg.token, "base_url": tg.base_url, "dm_policy": "open"
-            }
-        },
+        channels=open_dms(tg),
     )
     gw = Gateway(config)
     gw.add_channel(TelegramChannel(config.channels.telegram))
@@ -205,11 +202,7 @@ async def test_a_reply_that_failed_halfway_is_completed_not_repeated(
     config = make_config(
         fake_llm,
         gateway={"pending_sweep_seconds": 0.1},
-        channels={
-            "telegram": {
-                "enabled": True, "token": tg.token, "base_url": tg.base_url, "dm_policy": "open"
-            }
-        },
+        channels=open_dms(tg),
     )
     gw = Gateway(config)
     gw.add_channel(TelegramChannel(config.channels.telegram))
@@ -249,11 +242,7 @@ async def test_a_reply_refused_every_time_is_given_up_and_kept_for_the_operator(
     config = make_config(
         fake_llm,
         gateway={"pending_sweep_seconds": 0.1, "delivery_attempts": 3},
-        channels={
-            "telegram": {
-                "enabled": True, "token": tg.token, "base_url": tg.base_url, "dm_policy": "open"
-            }
-        },
+        channels=open_dms(tg),
     )
     gw = Gateway(config)
     gw.add_channel(TelegramChannel(config.channels.telegram))
