@@ -198,6 +198,11 @@ def pct(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+GATEWAY_OVERRIDES: dict[str, Any] = {}
+"""Extra `[gateway]` keys for every benchmark gateway (`bench/instructions.py` sets the typing
+delay: under valgrind every turn outlasts it, which a native run's turns never do)."""
+
+
 def bench_config(
     llm_base_url: str,
     data_dir: str | Path,
@@ -208,7 +213,11 @@ def bench_config(
     """A gateway on a throwaway data dir, talking to a fake OpenAI server, no web port."""
     return parse_config(
         {
-            "gateway": {"data_dir": str(data_dir), "max_concurrent_turns": concurrency},
+            "gateway": {
+                "data_dir": str(data_dir),
+                "max_concurrent_turns": concurrency,
+                **GATEWAY_OVERRIDES,
+            },
             "web": {"port": 0},
             "llm": {
                 "base_url": llm_base_url,

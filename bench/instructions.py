@@ -7,7 +7,9 @@ it is the same for the same code and inputs whatever else the machine is doing. 
 twice under cachegrind (``--small`` and ``--large`` messages, 20 at a time, the same fakes as
 `bench/channels.py`); the difference divided by the extra messages is the cost of one message,
 with start-up and warm-up cancelled out. Only the benchmark process is counted: the fake model
-server runs in a child process that valgrind does not follow, for both paths alike.
+server runs in a child process that valgrind does not follow, for both paths alike. Gatehouse's
+typing indicator is held back (each turn is ~50x slower under valgrind, and would outlast the
+500 ms delay that native turns finish within).
 
 ``--cache`` also simulates the caches and branch predictor (first-level cache misses, misses in a
 per-core L2 the size of this machine's, and mispredicted branches per message): instructions do
@@ -72,8 +74,11 @@ _CHILD = """
 import asyncio, importlib, logging, sys
 sys.path.insert(0, {root!r})
 logging.basicConfig(level=logging.ERROR)
-from bench.common import fake_llm_process
+from bench.common import GATEWAY_OVERRIDES, fake_llm_process
 module = importlib.import_module({module!r})
+# Valgrind runs every turn ~50x slower, past the 500 ms typing delay: Gatehouse would then send a
+# "typing" request per message that no native run sends, and count it.
+GATEWAY_OVERRIDES["typing_delay_ms"] = 3_600_000
 
 async def main():
     if {gatehouse!r}:

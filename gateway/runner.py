@@ -308,7 +308,8 @@ class Runner:
                 else:
                     log.info("context %s: automatic compaction skipped: %s", session_key, blocked)
             stats.token_counts.update(self._remember_counts(session.id, plan.counted))
-            log.debug("context %s: %s", session_key, _facts_line(plan))
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("context %s: %s", session_key, _facts_line(plan))
             for note in plan.notes:
                 log.info("context %s: %s", session_key, note)
             if plan.error:
