@@ -61,9 +61,14 @@ SENT = Delivery(sent=True)
 
 
 def failure_text(exc: BaseException) -> str:
-    """One line for an outbox row's `last_error`: the exception's type and first line."""
+    """One line for an outbox row's `last_error`: the exception's type and first line (the
+    type only once: PTB's ``Forbidden`` already says "Forbidden: bot was blocked…")."""
+    name = type(exc).__name__
     lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}"[:300] if lines else type(exc).__name__
+    if not lines:
+        return name
+    first = lines[0]
+    return (first if first.startswith(name) else f"{name}: {first}")[:300]
 
 Deliver = Callable[[OutboundMessage], Awaitable[Delivery]]
 """Sends a reply through its channel (`Gateway.deliver`)."""

@@ -9,7 +9,7 @@ from channels.base import OutboundMessage
 from channels.console import ConsoleChannel
 from context.types import Message
 from gateway.app import Gateway
-from gateway.outbox import LOG_GLOB, DeliveryLog, logged_sent
+from gateway.outbox import LOG_GLOB, DeliveryLog, failure_text, logged_sent
 from gateway.store import SessionInfo, Store, TurnUsage
 from tests.conftest import MakeConfig
 from tests.fakes import FakeOpenAI
@@ -117,3 +117,13 @@ async def test_failed_tries_are_counted_until_the_reply_is_given_up(database_url
         assert await store.outbox_failed(first, 0, "gone", max_attempts=2) is None
     finally:
         await store.close()
+
+
+def test_a_failure_is_one_line_naming_its_type_once() -> None:
+    from telegram.error import Forbidden
+
+    assert failure_text(Forbidden("Forbidden: bot was blocked by the user")) == (
+        "Forbidden: bot was blocked by the user"
+    )
+    assert failure_text(ConnectionResetError("peer\nreset")) == "ConnectionResetError: peer"
+    assert failure_text(TimeoutError()) == "TimeoutError"
