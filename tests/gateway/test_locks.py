@@ -50,7 +50,9 @@ async def test_a_dead_holder_releases_its_lock(postgres: ThrowawayPostgres) -> N
         with pytest.raises(LockBusyError):
             await two.advisory_lock(42, wait=False)
         lock.conn.invalidate()  # the holding process dies: its connection goes away
-        taken = await two.advisory_lock(42, wait=False)
+        # The server frees the lock once its backend sees the socket close: moments later, not
+        # at once (asking with wait=False right away failed in one CI run in ~1,000).
+        taken = await asyncio.wait_for(two.advisory_lock(42, wait=True), 10)
         assert taken is not None and taken.alive()
         await asyncio.to_thread(taken.release)
     finally:
