@@ -213,7 +213,10 @@ class Runner:
             self.resolver.counter.count_message(reply_message)
         )
         stats.seconds = time.perf_counter() - started
-        final = replace(outbound, text=reply)
+        # The preview's id (once an edit in flight has landed) is stored with the reply, so a
+        # reply sent after a crash still replaces its preview instead of appearing beside it.
+        preview_id = await preview.finish() if preview is not None else None
+        final = replace(outbound, text=reply, preview_id=preview_id)
         # The reply enters the outbox with the turn's commit and leaves it once sent: a crash in
         # between never loses it (`Gateway.start` sends what is left; see gateway/outbox.py).
         outbox_id = await self.store.finish_turn(
@@ -230,11 +233,9 @@ class Runner:
         )
         if self.on_turn is not None:
             self.on_turn(stats)
-        preview_id = await preview.finish() if preview is not None else None
-        reply_out = final if preview_id is None else replace(final, preview_id=preview_id)
         if outbox_id is not None and self.delivery is not None:
-            await self.delivery.send(outbox_id, reply_out)
-        elif (await self.deliver(reply_out)).sent and outbox_id is not None:
+            await self.delivery.send(outbox_id, final)
+        elif (await self.deliver(final)).sent and outbox_id is not None:
             await self.store.forget_outbox([outbox_id])
 
     async def _converse(

@@ -1085,6 +1085,7 @@ def _outbound(row: OutboxRow) -> OutboundMessage:
         account=row.account,
         answers=tuple(row.answers or ()),
         sent_parts=row.sent_parts,
+        preview_id=row.preview_id,
     )
 
 

@@ -321,6 +321,7 @@ class HotPath:
             "created_at": self.d.dump_time(utcnow()),
             "attempts": 0,
             "sent_parts": message.sent_parts,
+            "preview_id": message.preview_id,
             "last_error": None,
             "given_up_at": None,
         }

@@ -174,6 +174,8 @@ class OutboxRow(SQLModel, table=True):
     """Tries that failed so far; at `[gateway] delivery_attempts` the reply is given up."""
     sent_parts: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     """Chunks the platform already has (a reply that failed halfway resumes after them)."""
+    preview_id: str | None = None
+    """The streamed preview the reply replaces (edited into its first chunk), if any."""
     last_error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     given_up_at: datetime | None = None
     """Set when the reply ran out of tries: no longer sent by itself (`gatehouse outbox retry`)."""

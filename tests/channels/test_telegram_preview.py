@@ -10,8 +10,10 @@ import pytest
 from channels.base import InboundMessage, InboundResult, OutboundMessage
 from channels.formatting import TELEGRAM_LIMIT
 from channels.telegram import TelegramChannel, markdown_to_telegram_html
+from gateway.app import Gateway
 from gateway.config import Config, TelegramSettings
 from tests.channels.previews import (
+    CHUNK_DELAY,
     StartGateway,
     assert_spaced,
     gateways,
@@ -233,3 +235,47 @@ async def test_html_refused_in_the_final_edit_falls_back_to_plain(
     assert html_edit["parse_mode"] == "HTML"
     assert "parse_mode" not in plain_edit and plain_edit["text"] == "**x** & y"
     assert len(tg.calls_to("sendMessage")) == 1
+
+
+async def test_a_reply_sent_after_a_restart_still_replaces_its_preview(
+    make_config: MakeConfig, tg: FakeTelegram, fake_llm: FakeOpenAI
+) -> None:
+    fake_llm.chunk_delay = CHUNK_DELAY
+    section = {"enabled": True, "token": tg.token, "base_url": tg.base_url, **preview_settings()}
+    config = make_config(fake_llm, channels={"telegram": section})
+    first = Gateway(config)
+    first.add_channel(TelegramChannel(config.channels.telegram))
+    first.delivery.retry_delays = ()
+    await first.start()
+    answer = streamed_reply()
+    fake_llm.script(reply(answer))
+
+    def refuse_after_the_preview(call: Call) -> None:
+        if call.method in ("sendMessage", "editMessageText") and tg.calls_to("sendMessage"):
+            tg.fail_next[call.method] = (500, "Internal Server Error")  # Telegram is down
+
+    try:
+        tg.on_call = refuse_after_the_preview
+        tg.private_message(USER, "tell me")
+        [preview] = await tg.wait_for_call("sendMessage")
+        await first.lanes.join()  # the final edit and the fallback send were both refused
+    finally:
+        await first.stop(grace=2)
+    [(chat_id, preview_id)] = tg.bot_messages
+    tg.on_call = None
+    sends = len(tg.calls_to("sendMessage"))
+
+    again = Gateway(config)
+    again.add_channel(TelegramChannel(config.channels.telegram))
+    again.delivery.shared_grace = 0.0  # PostgreSQL: no other process could be sending it now
+    await again.start()
+    try:
+        _refused, final = await tg.wait_for_call(
+            "editMessageText", n=2, where=lambda p: _is_html(p) and p["message_id"] == preview_id
+        )
+        assert final["text"] == markdown_to_telegram_html(answer)
+        assert len(tg.calls_to("sendMessage")) == sends  # the preview became the reply
+        assert preview["chat_id"] == chat_id
+        assert tg.bot_messages[(chat_id, preview_id)]["parse_mode"] == "HTML"
+    finally:
+        await again.stop(grace=2)
