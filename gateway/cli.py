@@ -887,7 +887,7 @@ def outbox_drop(
     ids: Annotated[list[int], typer.Argument(help="Outbox ids (see `outbox list`)")],
 ) -> None:
     """Stop trying to send these replies; they stay in their conversation."""
-    dropped = asyncio.run(_with_store(_config(), lambda store: store.drop_outbox(ids)))
+    dropped = asyncio.run(_with_store(_config(), lambda store: store.forget_outbox(ids)))
     console.print(f"dropped {dropped} repl{'y' if dropped == 1 else 'ies'}")
     if dropped < len(ids):
         err_console.print("some ids are not in the outbox (see `gatehouse outbox list`)",

@@ -98,7 +98,7 @@ class DeliveryLog:
         self.retry_delays = retry_delays
         self.max_attempts = max_attempts
         self._retrying: dict[int, asyncio.Task[None]] = {}
-        self._deleting: set[asyncio.Task[None]] = set()
+        self._deleting: set[asyncio.Task[int]] = set()
         self.directory = directory
         self.store = store
         self.batch = batch

@@ -695,12 +695,14 @@ class Store:
 
     # -- outbox -----------------------------------------------------------------------------
 
-    async def forget_outbox(self, outbox_ids: Iterable[int]) -> None:
-        """These replies were sent: drop them from the outbox."""
+    async def forget_outbox(self, outbox_ids: Iterable[int]) -> int:
+        """Drop these replies from the outbox (sent, or an operator stopped trying: they stay in
+        their conversation); how many rows were there."""
         ids = list(outbox_ids)
-        if ids:
-            stmt = delete(OutboxRow).where(col(OutboxRow.id).in_(ids))
-            await self._write(lambda db: _update(db, stmt))
+        if not ids:
+            return 0
+        stmt = delete(OutboxRow).where(col(OutboxRow.id).in_(ids))
+        return await self._write(lambda db: db.exec(stmt).rowcount)
 
     async def claim_stale_outbox(self, older_than: float) -> list[tuple[int, OutboundMessage]]:
         """Several processes: take over replies left unsent longer than `older_than` seconds.
@@ -772,10 +774,7 @@ class Store:
             row.last_error = error
             if row.attempts >= max_attempts and row.given_up_at is None:
                 row.given_up_at = utcnow()
-            db.add(row)
-            db.flush()
-            db.refresh(row)
-            return row
+            return row  # written by the commit; its values stay loaded (no expire on commit)
 
         return await self._write(op)
 
@@ -790,14 +789,6 @@ class Store:
             stmt = stmt.where(col(OutboxRow.given_up_at).is_not(None))
         else:
             stmt = stmt.where(col(OutboxRow.id).in_(ids))
-        return await self._write(lambda db: db.exec(stmt).rowcount)
-
-    async def drop_outbox(self, outbox_ids: Iterable[int]) -> int:
-        """Stop trying to send these replies (they stay in their conversation); rows deleted."""
-        ids = list(outbox_ids)
-        if not ids:
-            return 0
-        stmt = delete(OutboxRow).where(col(OutboxRow.id).in_(ids))
         return await self._write(lambda db: db.exec(stmt).rowcount)
 
     async def summary_and_history(

@@ -112,7 +112,7 @@ async def test_failed_tries_are_counted_until_the_reply_is_given_up(database_url
         assert [i for i, _m in await store.claim_stale_outbox(-60)] == [second]
         assert await store.retry_outbox([first]) == 1
         assert [i for i, _m in await store.undelivered()] == [first, second]
-        assert await store.drop_outbox([first, second, 12345]) == 2
+        assert await store.forget_outbox([first, second, 12345]) == 2
         assert await store.outbox() == []
         assert await store.outbox_failed(first, 0, "gone", max_attempts=2) is None
     finally:
