@@ -70,6 +70,7 @@ def failure_text(exc: BaseException) -> str:
     first = lines[0]
     return (first if first.startswith(name) else f"{name}: {first}")[:300]
 
+
 Deliver = Callable[[OutboundMessage], Awaitable[Delivery]]
 """Sends a reply through its channel (`Gateway.deliver`)."""
 
@@ -140,19 +141,27 @@ class DeliveryLog:
         if due and self._flushing is None:
             self._flushing = asyncio.create_task(self._flush())
 
-    async def send(self, outbox_id: int, message: OutboundMessage) -> bool:
+    async def send(self, outbox_id: int, message: OutboundMessage) -> None:
         """Send a reply that is in the outbox: logged as sent, or kept and tried again."""
         resend = self.resend
         if resend is None:
             raise RuntimeError("DeliveryLog.send needs the `resend` callable")
-        result = await resend(message)
-        if result.sent:
-            self.sent(outbox_id)
-            return True
-        left = await self._failed(outbox_id, message, result)
+        left = await self._attempt(outbox_id, message, resend, 1)
         if left is not None:
             self._try_again_later(outbox_id, left, resend)
-        return False
+
+    async def _attempt(
+        self, outbox_id: int, message: OutboundMessage, resend: Deliver, attempt: int
+    ) -> OutboundMessage | None:
+        """One try: logged as sent, or counted as failed. What is left to send; None when
+        nothing is (sent, or given up)."""
+        result = await resend(message)
+        if result.sent:
+            if attempt > 1:
+                log.info("delivered a reply for %s on try %d", message.session_key, attempt)
+            self.sent(outbox_id)
+            return None
+        return await self._failed(outbox_id, message, result)
 
     async def _failed(
         self, outbox_id: int, message: OutboundMessage, result: Delivery
@@ -195,12 +204,7 @@ class DeliveryLog:
     async def _retry(self, outbox_id: int, message: OutboundMessage, resend: Deliver) -> None:
         for attempt, delay in enumerate(self.retry_delays, start=2):
             await asyncio.sleep(delay)
-            result = await resend(message)
-            if result.sent:
-                log.info("delivered a reply for %s on try %d", message.session_key, attempt)
-                self.sent(outbox_id)
-                return
-            left = await self._failed(outbox_id, message, result)
+            left = await self._attempt(outbox_id, message, resend, attempt)
             if left is None:
                 return
             message = left
