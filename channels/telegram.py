@@ -246,10 +246,15 @@ def to_inbound(message: Message, me: User) -> InboundMessage | None:
 
     if sender is not None:
         sender_id = str(sender.id)
-        sender_name = sender.full_name or sender.username
+        names = (sender.first_name, sender.last_name)
+        if all(isinstance(n, str | None) for n in names):
+            full: object = sender.full_name
+        else:  # PTB keeps whatever the JSON held; a malformed name is no name
+            full = None
+        sender_name = _name(full, sender.username)
     elif message.sender_chat is not None:  # anonymous admin / linked channel
         sender_id = str(message.sender_chat.id)
-        sender_name = message.sender_chat.title or message.sender_chat.username
+        sender_name = _name(message.sender_chat.title, message.sender_chat.username)
     else:
         return None
 
@@ -267,6 +272,11 @@ def to_inbound(message: Message, me: User) -> InboundMessage | None:
         platform_message_id=str(message.message_id),
         timestamp=message.date.timestamp(),
     )
+
+
+def _name(*candidates: object) -> str | None:
+    """The first candidate that is a non-empty string: a sender's display name."""
+    return next((c for c in candidates if isinstance(c, str) and c), None)
 
 
 # -- Markdown -> Telegram HTML ----------------------------------------------------------------
@@ -440,6 +450,9 @@ class TelegramChannel:
     capabilities = ChannelCapabilities(
         max_message_chars=TELEGRAM_LIMIT, threads=True, edits=True, typing=True
     )
+    send_errors: tuple[type[BaseException], ...] = (TelegramError,)
+    """Refusals and outages (`channels.base.platform_failure`): PTB raises its own types for
+    both, network failures included."""
     max_redeliveries = 10
     """Polling: fetch an update again at most this often when `on_message` keeps failing."""
     poll_timeout = 30

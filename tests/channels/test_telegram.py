@@ -154,6 +154,16 @@ async def test_direct_message(
     assert msg.timestamp == update["message"]["date"]
 
 
+async def test_a_malformed_name_is_no_name(
+    fake: FakeTelegram, channel: TelegramChannel, collector: Collector
+) -> None:
+    # Found by the fuzzer: PTB keeps whatever the JSON held, so a list became the sender name.
+    fake.private_message(7, "hello", first_name=["Ada", -1])
+    msg = await collector.next()
+    assert msg.sender_name == "user7"  # the username instead
+    assert msg.text == "hello"
+
+
 async def test_group_without_mention(
     fake: FakeTelegram, channel: TelegramChannel, collector: Collector
 ) -> None:
