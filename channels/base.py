@@ -92,6 +92,17 @@ class PartlySent(Exception):
         self.parts = parts
 
 
+NETWORK_ERRORS: tuple[type[BaseException], ...] = (OSError, TimeoutError)
+"""Send failures of the network itself on any platform: a refused connection, a timeout."""
+
+
+def platform_failure(channel: object, exc: BaseException) -> bool:
+    """Whether a failed send is the platform's or the network's doing (a refusal such as 403
+    "bot was blocked", an outage), which the gateway logs as one line, as opposed to a bug,
+    logged with its traceback. A channel names its SDK's errors in ``send_errors``."""
+    return isinstance(exc, NETWORK_ERRORS + getattr(channel, "send_errors", ()))
+
+
 _Part = TypeVar("_Part")
 
 
@@ -154,6 +165,8 @@ class Channel(Protocol):
 
     name: str
     capabilities: ChannelCapabilities
+    # Optional: ``send_errors``, the SDK's exception types for a platform's refusal or outage
+    # (`platform_failure`).
 
     async def start(self, on_message: InboundHandler) -> None: ...
 

@@ -108,6 +108,9 @@ class DiscordChannel:
     capabilities = ChannelCapabilities(
         max_message_chars=DISCORD_LIMIT, threads=True, edits=True, typing=True
     )
+    send_errors: tuple[type[BaseException], ...] = (discord.HTTPException, aiohttp.ClientError)
+    """Refusals and outages (`channels.base.platform_failure`): an error answer from Discord's
+    REST API (403, 404, 5xx, a 429 given up on) and its aiohttp transport's failures."""
 
     def __init__(
         self,

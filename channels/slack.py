@@ -278,6 +278,9 @@ class SlackChannel:
     capabilities = ChannelCapabilities(
         max_message_chars=SLACK_LIMIT, threads=True, edits=True, typing=False
     )
+    send_errors: tuple[type[BaseException], ...] = (SlackClientError, ClientError)
+    """Refusals and outages (`channels.base.platform_failure`): slack-sdk's errors (an
+    ``ok: false`` answer is a `SlackApiError`) and its aiohttp transport's."""
 
     def __init__(self, settings: SlackSettings) -> None:
         if not settings.bot_token:

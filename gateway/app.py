@@ -7,7 +7,14 @@ import gc
 import logging
 from dataclasses import replace
 
-from channels.base import Channel, InboundMessage, InboundResult, OutboundMessage, PartlySent
+from channels.base import (
+    Channel,
+    InboundMessage,
+    InboundResult,
+    OutboundMessage,
+    PartlySent,
+    platform_failure,
+)
 from gateway.access import AccessPolicy
 from gateway.config import Config
 from gateway.context_setup import ContextResolver
@@ -132,8 +139,7 @@ class Gateway:
         for session in await self.store.sessions_with_pending():
             log.info("resuming unanswered messages in %s", session.key)
             self.lanes.notify(session.key)
-        if not self.store.is_sqlite:
-            self._sweeper = asyncio.create_task(self._sweep_pending(), name="pending-sweep")
+        self._sweeper = asyncio.create_task(self._sweep_pending(), name="pending-sweep")
         if self.config.scheduler.enabled:
             await self.scheduler.start(self, self.maintenance.jobs())
             if not self.store.is_sqlite and self.scheduler.fires_jobs:
@@ -141,25 +147,34 @@ class Gateway:
                     self.leadership.watch(self.scheduler.step_down), name="leader-watch"
                 )
 
-    async def _send_unsent(self, unsent: list[tuple[int, OutboundMessage]]) -> None:
-        """Replies a stopped run stored with its turn but never sent."""
+    async def _send_unsent(
+        self,
+        unsent: list[tuple[int, OutboundMessage]],
+        why: str = "a stopped run stored but did not send",
+    ) -> None:
+        """Replies a stopped run stored with its turn but never sent (or, `why`, others)."""
         for outbox_id, message in unsent:
             if message.platform not in self.channels:
                 continue  # kept for a run that has this channel (`gatehouse chat` has not)
-            log.info("sending a reply a stopped run stored but did not send (%s)",
-                     message.session_key)
+            log.info("sending a reply %s (%s)", why, message.session_key)
             await self.delivery.send(outbox_id, message)
 
     async def _sweep_pending(self) -> None:
-        """Several processes on PostgreSQL: answer what a process that stopped left behind.
+        """Send replies an operator retried; on PostgreSQL, also answer what a process that
+        stopped left behind.
 
         Each process answers what it accepted; if one dies between persisting a message and
         answering it, the others find the message here (its lane lock died with the process).
+        Alone on SQLite, every message and reply is this process's already, except the replies
+        `gatehouse outbox retry` gave their tries back.
         """
         every = self.config.gateway.pending_sweep_seconds
         while True:
             await asyncio.sleep(every)
             try:
+                if self.store.is_sqlite:
+                    await self._send_unsent(await self.delivery.retried(), "an operator retried")
+                    continue
                 await self._send_unsent(await self.delivery.recover())
                 for session in await self.store.sessions_with_pending(older_than=every):
                     if session.key not in self.lanes.busy:
@@ -262,14 +277,16 @@ class Gateway:
             return Delivery(False, message.sent_parts, f"no {message.platform!r} channel running")
         try:
             await channel.send(message)
-        except PartlySent as exc:
-            cause = exc.__cause__ or exc
-            log.error(
-                "delivery failed on %s for %s after %d chunk(s)",
-                message.platform, message.session_key, exc.parts, exc_info=cause,
-            )
-            return Delivery(False, exc.parts, failure_text(cause))
         except Exception as exc:
-            log.exception("delivery failed on %s for %s", message.platform, message.session_key)
-            return Delivery(False, message.sent_parts, failure_text(exc))
+            parts = exc.parts if isinstance(exc, PartlySent) else message.sent_parts
+            cause = (exc.__cause__ or exc) if isinstance(exc, PartlySent) else exc
+            error = failure_text(cause)
+            after = f" after {parts} chunk(s)" if parts else ""
+            # A refusal or an outage is one line (it may repeat for every try); a bug is not.
+            log.error(
+                "delivery failed on %s for %s%s: %s",
+                message.platform, message.session_key, after, error,
+                exc_info=None if platform_failure(channel, cause) else cause,
+            )
+            return Delivery(False, parts, error)
         return SENT

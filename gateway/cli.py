@@ -867,8 +867,8 @@ def outbox_retry(
     ids: Annotated[list[int] | None, typer.Argument(help="Outbox ids (see `outbox list`)")] = None,
     every: Annotated[bool, typer.Option("--all", help="Every given-up reply")] = False,
 ) -> None:
-    """Give replies their tries back: sent on the gateway's next start (with several
-    processes on PostgreSQL, by the running ones within a few minutes)."""
+    """Give replies their tries back: a running gateway sends them within its sweep
+    ([gateway] pending_sweep_seconds), a stopped one when it next starts."""
     if bool(ids) == every:
         err_console.print("name outbox ids or --all (not both)", highlight=False)
         raise typer.Exit(2)

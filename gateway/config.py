@@ -48,7 +48,8 @@ class GatewaySection(_Strict):
     pending_sweep_seconds: float = Field(
         default=15.0,
         gt=0,
-        description="PostgreSQL: how often to pick up messages a stopped process left unanswered",
+        description="how often to send replies an operator retried (`gatehouse outbox retry`) "
+        "and, on PostgreSQL, to pick up messages a stopped process left unanswered",
     )
     delivery_attempts: int = Field(
         default=10,

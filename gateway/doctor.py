@@ -58,7 +58,7 @@ async def check_database(config: Config) -> list[Check]:
                 f"{len(given_up)} repl{'y' if len(given_up) == 1 else 'ies'} never reached "
                 f"the platform (last error: {given_up[-1].last_error})",
                 "See `gatehouse outbox list`; `gatehouse outbox retry --all` sends them again "
-                "on the next start, `gatehouse outbox drop ID` forgets one.",
+                "(a running gateway within seconds), `gatehouse outbox drop ID` forgets one.",
             ))
         return checks
     except Exception as exc:

@@ -99,6 +99,7 @@ class DeliveryLog:
         self.retry_delays = retry_delays
         self.max_attempts = max_attempts
         self._retrying: dict[int, asyncio.Task[None]] = {}
+        self._in_flight: set[int] = set()
         self._deleting: set[asyncio.Task[int]] = set()
         self.directory = directory
         self.store = store
@@ -108,6 +109,7 @@ class DeliveryLog:
         self._path: Path | None = None
         self._generation = 0
         self._pending: list[int] = []
+        self._clearing: list[int] = []  # logged as sent; their rows are being deleted
         self._oldest = 0.0
         self._flushing: asyncio.Task[None] | None = None
 
@@ -146,9 +148,23 @@ class DeliveryLog:
         resend = self.resend
         if resend is None:
             raise RuntimeError("DeliveryLog.send needs the `resend` callable")
-        left = await self._attempt(outbox_id, message, resend, 1)
+        self._in_flight.add(outbox_id)
+        try:
+            left = await self._attempt(outbox_id, message, resend, 1)
+        finally:
+            self._in_flight.discard(outbox_id)
         if left is not None:
             self._try_again_later(outbox_id, left, resend)
+
+    async def retried(self) -> list[tuple[int, OutboundMessage]]:
+        """SQLite: replies an operator gave their tries back (`gatehouse outbox retry`) while
+        this process runs, which nothing here is sending or trying again already.
+
+        (With several processes the sweep's `recover` finds them: a retried row is old.)
+        """
+        rows = await self.store.undelivered(retried=True)
+        mine = self._in_flight | self._retrying.keys() | set(self._pending) | set(self._clearing)
+        return [(outbox_id, message) for outbox_id, message in rows if outbox_id not in mine]
 
     async def _attempt(
         self, outbox_id: int, message: OutboundMessage, resend: Deliver, attempt: int
@@ -244,6 +260,7 @@ class DeliveryLog:
     async def _flush(self) -> None:
         """Start a new log, delete the rows the old one names, then remove the old log."""
         ids, self._pending = self._pending, []
+        self._clearing = ids
         old_fd, old_path = self._fd, self._path
         self._open()
         if old_fd is not None:
@@ -258,6 +275,7 @@ class DeliveryLog:
                 old_path.unlink(missing_ok=True)
         finally:
             self._flushing = None
+            self._clearing = []
 
 
 def logged_sent(directory: Path) -> list[int]:

@@ -734,12 +734,14 @@ class Store:
         return [(row.id, _outbound(row)) for row in rows if row.id is not None]
 
     async def undelivered(
-        self, older_than: float | None = None
+        self, older_than: float | None = None, *, retried: bool = False
     ) -> list[tuple[int, OutboundMessage]]:
         """Replies stored by a finished turn that no channel confirmed sending (a crash).
 
         `older_than` (seconds): with several processes, a fresh row may be one another live
         process is sending right now; only replies left that long are someone else's to send.
+        `retried`: only replies an operator gave their tries back (`retry_outbox`): they failed
+        before (an error is recorded) and have no failed try since.
         """
         stmt = (
             select(OutboxRow).where(col(OutboxRow.given_up_at).is_(None)).order_by(col(OutboxRow.id))
@@ -747,6 +749,8 @@ class Store:
         if older_than is not None:
             cutoff = utcnow() - timedelta(seconds=older_than)
             stmt = stmt.where(col(OutboxRow.created_at) < cutoff)
+        if retried:
+            stmt = stmt.where(OutboxRow.attempts == 0, col(OutboxRow.last_error).is_not(None))
         rows = await self._read(lambda db: list(db.exec(stmt).all()))
         return [(row.id, _outbound(row)) for row in rows if row.id is not None]
 
@@ -781,7 +785,8 @@ class Store:
     async def retry_outbox(self, outbox_ids: Iterable[int] | None = None) -> int:
         """Give replies their tries back (all given-up ones with no ids); how many rows changed.
 
-        They go out on the gateway's next start, or with several processes within the sweep.
+        A running gateway sends them within its sweep (`[gateway] pending_sweep_seconds`), a
+        stopped one when it next starts. The last error stays, which marks them as retried.
         """
         stmt = update(OutboxRow).values(given_up_at=None, attempts=0)
         ids = None if outbox_ids is None else list(outbox_ids)

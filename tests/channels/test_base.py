@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from channels.base import OutboundMessage, PartlySent, send_parts
+from channels.base import OutboundMessage, PartlySent, platform_failure, send_parts
 
 
 def message(sent_parts: int = 0) -> OutboundMessage:
@@ -42,3 +42,31 @@ async def test_a_failure_of_the_first_part_is_the_plain_error() -> None:
 
     with pytest.raises(PermissionError):
         await send_parts(["a", "b"], message(), send_one)
+
+
+def test_each_adapter_names_its_sdks_errors_as_the_platforms() -> None:
+    import aiohttp
+    import discord
+    from slack_sdk.errors import SlackApiError
+    from telegram.error import Forbidden
+
+    from channels.discord import DiscordChannel
+    from channels.slack import SlackChannel
+    from channels.telegram import TelegramChannel
+
+    assert platform_failure(TelegramChannel, Forbidden("bot was blocked by the user"))
+    assert platform_failure(SlackChannel, SlackApiError("not_in_channel", {"ok": False}))
+    assert platform_failure(SlackChannel, aiohttp.ServerDisconnectedError())
+    assert platform_failure(DiscordChannel, discord.DiscordServerError(_Response(503), "down"))
+    for channel in (TelegramChannel, SlackChannel, DiscordChannel, object()):
+        assert platform_failure(channel, TimeoutError())  # the network's, on any platform
+        assert not platform_failure(channel, KeyError("chat_id"))  # a bug is a bug everywhere
+    assert not platform_failure(object(), Forbidden("blocked"))  # only an adapter knows its SDK
+
+
+class _Response:
+    """What discord.HTTPException reads off an aiohttp response."""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+        self.reason = "Service Unavailable"

@@ -237,7 +237,7 @@ async def test_a_reply_that_failed_halfway_is_completed_not_repeated(
 
 
 async def test_a_reply_refused_every_time_is_given_up_and_kept_for_the_operator(
-    make_config: MakeConfig, tg: FakeTelegram, fake_llm: FakeOpenAI
+    make_config: MakeConfig, tg: FakeTelegram, fake_llm: FakeOpenAI, caplog: pytest.LogCaptureFixture
 ) -> None:
     config = make_config(
         fake_llm,
@@ -248,32 +248,42 @@ async def test_a_reply_refused_every_time_is_given_up_and_kept_for_the_operator(
     gw.add_channel(TelegramChannel(config.channels.telegram))
     gw.delivery.retry_delays = (0.05, 0.05, 0.05, 0.05)
     gw.delivery.shared_grace = 0.2
+    refusing = True
 
     def refuse(call: Any) -> None:
-        if call.method == "sendMessage":
+        if call.method == "sendMessage" and refusing:
             tg.fail_next["sendMessage"] = (403, "Forbidden: bot was blocked by the user")
 
     tg.on_call = refuse
+    store = Store(config.database_url)  # what `gatehouse outbox` opens beside the gateway
     await gw.start()
+    await store.init()
     try:
         tg.private_message(7, "hello?")
         await tg.wait_for_call("sendMessage", n=3, where=_to(7), timeout=10)
         await asyncio.sleep(1.0)
         assert len(tg.calls_to("sendMessage")) == 3  # then given up: no fourth try
-    finally:
-        await gw.stop(grace=2)
-    store = Store(config.database_url)
-    await store.init()
-    try:
         [row] = await store.outbox()
         assert row.attempts == 3 and row.given_up_at is not None
         assert row.last_error is not None and "blocked by the user" in row.last_error
         assert await store.undelivered() == []  # not sent by itself on the next start
+        # Each refusal was one line with the platform's words, not a traceback.
+        failures = [r for r in caplog.records if r.getMessage().startswith("delivery failed")]
+        assert len(failures) == 3
+        assert all(r.exc_info is None and "blocked by the user" in r.getMessage()
+                   for r in failures)
+
+        refusing = False  # the user unblocked the bot; the operator retries the reply
         assert await store.retry_outbox() == 1
-        [(_id, waiting)] = await store.undelivered()
-        assert waiting.text == "echo: hello?"
+        *_refused, sent = await tg.wait_for_call("sendMessage", n=4, where=_to(7), timeout=10)
+        assert sent["text"] == "echo: hello?"  # sent by the running gateway, within its sweep
+        await asyncio.sleep(0.5)
+        assert len(tg.calls_to("sendMessage")) == 4
     finally:
+        await gw.stop(grace=2)
         await store.close()
+    assert await _undelivered(config.database_url) == []
+    assert len(fake_llm.requests) == 1
 
 
 async def _undelivered(database_url: str) -> list[OutboundMessage]:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
-from channels.base import OutboundMessage
+import pytest
+
+from channels.base import ChannelCapabilities, OutboundMessage
 from channels.console import ConsoleChannel
 from context.types import Message
 from gateway.app import Gateway
-from gateway.outbox import LOG_GLOB, DeliveryLog, failure_text, logged_sent
+from gateway.outbox import LOG_GLOB, SENT, Delivery, DeliveryLog, failure_text, logged_sent
 from gateway.store import SessionInfo, Store, TurnUsage
 from tests.conftest import MakeConfig
 from tests.fakes import FakeOpenAI
@@ -110,8 +113,11 @@ async def test_failed_tries_are_counted_until_the_reply_is_given_up(database_url
         assert row.sent_parts == 2 and row.last_error == "Forbidden"
         assert [i for i, _m in await store.undelivered()] == [second]
         assert [i for i, _m in await store.claim_stale_outbox(-60)] == [second]
+        assert await store.undelivered(retried=True) == []
         assert await store.retry_outbox([first]) == 1
         assert [i for i, _m in await store.undelivered()] == [first, second]
+        # Retried: an error on record and no failed try since (a fresh reply has no error).
+        assert [i for i, _m in await store.undelivered(retried=True)] == [first]
         assert await store.forget_outbox([first, second, 12345]) == 2
         assert await store.outbox() == []
         assert await store.outbox_failed(first, 0, "gone", max_attempts=2) is None
@@ -127,3 +133,79 @@ def test_a_failure_is_one_line_naming_its_type_once() -> None:
     )
     assert failure_text(ConnectionResetError("peer\nreset")) == "ConnectionResetError: peer"
     assert failure_text(TimeoutError()) == "TimeoutError"
+
+
+async def test_a_running_gateway_finds_retried_replies_it_is_not_sending_already(
+    tmp_path: Path,
+) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'g.db'}")
+    await store.init()
+    release = asyncio.Event()
+    tried: list[int] = []
+
+    async def slow_send(message: OutboundMessage) -> Delivery:
+        tried.append(1)
+        await release.wait()
+        return SENT
+
+    delivery = DeliveryLog(tmp_path, store, resend=slow_send)
+    try:
+        await delivery.recover()
+        ids = [await finished_turn(store, f"reply {n}") for n in range(3)]
+        for outbox_id in ids:
+            await store.outbox_failed(outbox_id, 0, "Forbidden", max_attempts=1)
+        assert await delivery.retried() == []  # given up, and nobody retried them yet
+        assert await store.retry_outbox() == 3
+        assert [i for i, _m in await delivery.retried()] == ids
+
+        sending = asyncio.create_task(delivery.send(ids[0], reply_to("reply 0")))
+        await asyncio.sleep(0.05)
+        assert tried and [i for i, _m in await delivery.retried()] == ids[1:]  # in flight
+        release.set()
+        await sending
+        assert [i for i, _m in await delivery.retried()] == ids[1:]  # sent, row not yet deleted
+        await delivery.close()
+        assert [i for i, _m in await store.undelivered(retried=True)] == ids[1:]
+    finally:
+        await store.close()
+
+
+class _Refusing:
+    """A channel whose sends fail with `error`; `send_errors` as a platform adapter names them."""
+
+    name = "telegram"
+    capabilities = ChannelCapabilities()
+    send_errors = (PermissionError,)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def start(self, on_message: Any) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def send(self, message: OutboundMessage) -> None:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "traceback"),
+    [
+        (PermissionError("Forbidden: bot was blocked by the user"), False),  # the platform's
+        (ConnectionRefusedError("connect failed"), False),  # the network's, on any platform
+        (KeyError("chat"), True),  # a bug: its traceback is what someone needs to fix it
+    ],
+)
+async def test_a_refused_send_is_logged_as_one_line_and_a_bug_with_its_traceback(
+    make_config: MakeConfig, fake_llm: FakeOpenAI, caplog: pytest.LogCaptureFixture,
+    error: Exception, traceback: bool,
+) -> None:
+    gateway = Gateway(make_config(fake_llm))
+    gateway.add_channel(_Refusing(error))
+    result = await gateway.deliver(reply_to("hello"))
+    assert not result.sent and result.error == failure_text(error)
+    [record] = [r for r in caplog.records if r.getMessage().startswith("delivery failed")]
+    assert record.getMessage().endswith(failure_text(error))
+    assert (record.exc_info is not None) is traceback
