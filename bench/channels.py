@@ -14,7 +14,7 @@ the p50 also says how each path orders its queue (a bare bot serves some users f
 others: see its p99), so the mean, which is concurrency ÷ throughput, is printed too.
 
     .venv/bin/python bench/channels.py [--messages 200] [--concurrency 1 --concurrency 20]
-                                       [--rounds 3] [--quick] [--json out.json]
+                                       [--rounds 5] [--quick] [--json out.json]
 """
 
 from __future__ import annotations

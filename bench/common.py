@@ -148,10 +148,12 @@ async def bench_gateway(
 Path_ = Callable[..., Awaitable[dict[str, Any]]]
 
 
-ROUNDS = 3
+ROUNDS = 5
 """Rounds of the three paths, interleaved: a 2-core VM's speed drifts between runs (seen here:
 the same path 4x slower an hour later), so each path's numbers are the median over rounds in
-which all three paths ran side by side."""
+which all three paths ran side by side. Five, not three: the floor alone (the bare Discord bot
+asking the model, 20 at a time) moved between 48 and 71 ms p50 from one run to the next, and
+the median of three paired ratios went with it (1.35-2.19x in eleven runs)."""
 
 
 async def floors_and_gatehouse(
