@@ -21,10 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import argparse
 import asyncio
 import itertools
-import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -167,19 +165,9 @@ async def measure(
     )
 
 
-def _print(rows: list[dict[str, Any]]) -> None:
-    print(f"{'platform':<9} {'path':<26} {'msgs':>5} {'msgs/s':>8} {'p50 ms':>8} {'p99 ms':>8}")
-    for r in rows:
-        print(
-            f"{r['platform']:<9} {r['path']:<26} {r['messages']:>5} {r['msgs_per_s']:>8.0f} "
-            f"{r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f}"
-        )
-
-
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=200)
-    parser.add_argument("--concurrency", type=int, default=20)
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.ERROR)
-    _print(asyncio.run(measure(args.messages, args.concurrency)))
+    from bench.channels import main
+
+    given = sys.argv[1:]
+    level = [] if any(a.startswith("--concurrency") for a in given) else ["--concurrency", "20"]
+    asyncio.run(main(["--only", PLATFORM, *level, *given]))

@@ -23,7 +23,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import argparse
 import asyncio
 import itertools
 import re
@@ -135,9 +134,8 @@ async def measure(
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--messages", type=int, default=200)
-    parser.add_argument("--concurrency", type=int, default=20)
-    args = parser.parse_args()
-    for row in asyncio.run(measure(args.messages, args.concurrency)):
-        print(row)
+    from bench.channels import main
+
+    given = sys.argv[1:]
+    level = [] if any(a.startswith("--concurrency") for a in given) else ["--concurrency", "20"]
+    asyncio.run(main(["--only", "telegram", *level, *given]))

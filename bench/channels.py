@@ -14,7 +14,10 @@ the p50 also says how each path orders its queue (a bare bot serves some users f
 others: see its p99), so the mean, which is concurrency ÷ throughput, is printed too.
 
     .venv/bin/python bench/channels.py [--messages 200] [--concurrency 1 --concurrency 20]
-                                       [--rounds 5] [--quick] [--json out.json]
+                                       [--rounds 5] [--quick] [--json out.json] [--only discord]
+
+`bench/channel_<platform>.py` alone is ``--only <platform> --concurrency 20`` (its options
+are these).
 """
 
 from __future__ import annotations
@@ -37,7 +40,9 @@ from bench.common import ROUNDS, WITH_MODEL, paired_ratio
 PLATFORMS = ("telegram", "slack", "discord")
 
 
-async def main() -> None:
+async def main(argv: list[str] | None = None) -> None:
+    """The table; also what each `bench/channel_<platform>.py` prints when run alone (with
+    ``--only`` its platform), so a single platform's ratio is taken the same way."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=200)
     parser.add_argument(
@@ -49,7 +54,7 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=ROUNDS,
                         help="runs of each path, interleaved; each number is their median")
     parser.add_argument("--quick", action="store_true", help="60 messages, 1 and 10 at a time")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
         args.messages, args.concurrency = 60, args.concurrency or [1, 10]
     levels = args.concurrency or [1, 20]
