@@ -6,7 +6,7 @@ Payloads are the golden fixtures mutated at random paths (fields deleted, replac
 JSON, text swapped for hostile text: lone surrogates, right-to-left and zero-width characters,
 NULs, combining marks, emoji sequences), plus arbitrary JSON. One-megabyte texts get their own
 tests (too slow to draw often). Example counts are modest to keep the suite fast; raise them
-with ``--hypothesis-profile`` or ``HYPOTHESIS_MAX_EXAMPLES`` when hunting.
+when hunting: ``GATEHOUSE_FUZZ_EXAMPLES=2000 .venv/bin/python -m pytest tests/channels/test_fuzz_normalizers.py``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import copy
 import json
 import logging
 import math
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -50,7 +51,7 @@ from tests.conftest import MakeConfig
 from tests.fakes.slack_server import BOT_ID, BOT_USER_ID, event_callback, signed_headers
 
 FIXTURES = Path(__file__).parent / "fixtures"
-EXAMPLES = 60
+EXAMPLES = int(os.environ.get("GATEHOUSE_FUZZ_EXAMPLES", "60"))
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,
