@@ -872,10 +872,14 @@ def outbox_retry(
     if bool(ids) == every:
         err_console.print("name outbox ids or --all (not both)", highlight=False)
         raise typer.Exit(2)
+    config = _config()
     changed = asyncio.run(
-        _with_store(_config(), lambda store: store.retry_outbox(None if every else ids))
+        _with_store(config, lambda store: store.retry_outbox(None if every else ids))
     )
-    console.print(f"{changed} repl{'y' if changed == 1 else 'ies'} will be sent again")
+    console.print(
+        f"{changed} repl{'y' if changed == 1 else 'ies'} will be sent again: by a running gateway "
+        f"within {config.gateway.pending_sweep_seconds:g} s, else when it next starts"
+    )
     if not every and ids is not None and changed < len(ids):
         err_console.print("some ids are not in the outbox (see `gatehouse outbox list`)",
                           highlight=False)

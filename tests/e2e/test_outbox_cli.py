@@ -57,6 +57,7 @@ async def test_given_up_replies_are_listed_retried_and_dropped(tmp_path: Path) -
     assert code == 2 and "--all" in err
     code, out, err = await in_process(config, "outbox", "retry", "--all")
     assert code == 0 and "1 reply will be sent again" in out, err
+    assert "within 15 s" in " ".join(out.split())  # the sweep of a running gateway
     code, out, _ = await in_process(config, "outbox", "list", "--json")
     assert {r["state"] for r in json.loads(out)} == {"waiting"}
 
