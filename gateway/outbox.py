@@ -162,9 +162,14 @@ class DeliveryLog:
 
         (With several processes the sweep's `recover` finds them: a retried row is old.)
         """
+        before = self._handling()
         rows = await self.store.undelivered(retried=True)
-        mine = self._in_flight | self._retrying.keys() | set(self._pending) | set(self._clearing)
+        mine = before | self._handling()  # while the rows were read, a send may have finished
         return [(outbox_id, message) for outbox_id, message in rows if outbox_id not in mine]
+
+    def _handling(self) -> set[int]:
+        """Replies this process is sending, will try again, or has sent (rows not yet gone)."""
+        return self._in_flight | self._retrying.keys() | set(self._pending) | set(self._clearing)
 
     async def _attempt(
         self, outbox_id: int, message: OutboundMessage, resend: Deliver, attempt: int
