@@ -180,7 +180,7 @@ class Store:
         self._busy = 0  # steps submitted to the database thread(s) and not yet finished
         # SQLite steps waiting for the thread to go idle, in arrival order (see `_fast`).
         self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
-        self._granted = False  # a waiter was told to go and has not run yet
+        self._released = 0  # waiters told to go that have not run yet
         self._checkpoints: set[asyncio.Task[None]] = set()
         self._integrity_errors: tuple[type[BaseException], ...] = (
             IntegrityError,
@@ -243,15 +243,19 @@ class Store:
                 loop.call_soon_threadsafe(self._next)
 
     def _next(self) -> None:
-        """Let the first waiting step run, if the thread is idle and no one else was let go."""
-        if self._busy or self._granted:
+        """Let every waiting step go, if the thread is idle and those let go before have run.
+
+        All at once: they wake in arrival order within one turn of the loop, and steps arriving
+        meanwhile queue behind them. One at a time, a queue that formed behind a busy thread
+        drained one step per loop turn while new steps joined it, so it rarely emptied.
+        """
+        if self._busy or self._released:
             return
         while self._waiting:
             waiter = self._waiting.popleft()
             if not waiter.done():
                 waiter.set_result(None)
-                self._granted = True
-                return
+                self._released += 1
 
     async def _my_turn(self) -> None:
         """Wait, in arrival order, until the database thread is idle and earlier steps ran."""
@@ -261,11 +265,11 @@ class Store:
         try:
             await waiter
         except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():  # let go, but will not run: pass it on
-                self._granted = False
+            if waiter.done() and not waiter.cancelled():  # let go, but will not run
+                self._released -= 1
                 self._next()
             raise
-        self._granted = False
+        self._released -= 1
 
     async def _read(self, fn: Callable[[Session], T]) -> T:
         """Run `fn` in a read transaction on the database thread."""
@@ -294,7 +298,7 @@ class Store:
         every later step there too, each then paying the hop. See the module docstring for why.
         """
         if self.is_sqlite:
-            if self._busy or self._waiting or self._granted:
+            if self._busy or self._waiting or self._released:
                 await self._my_turn()
             try:
                 result = self._transaction(self._inline_connection(), fn, write)

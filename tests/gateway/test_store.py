@@ -5,6 +5,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -236,6 +237,41 @@ async def test_sqlite_hot_steps_wait_for_a_busy_database_thread_in_arrival_order
     assert [r.content for r in (await store.claim_turn("k", lambda _s: None))[1]] == [
         "first",
         "second",
+    ]
+    await store.close()
+
+
+async def test_sqlite_steps_let_go_together_still_run_before_later_ones(tmp_path: Path) -> None:
+    """A queue behind a busy thread is let go at once (draining it one step per loop turn kept
+    it from ever emptying under load); a step arriving before they ran still queues behind."""
+    store = await make_store(f"sqlite:///{tmp_path / 'g.db'}")
+    loop = asyncio.get_running_loop()
+    info = SessionInfo(key="k")
+    started = threading.Event()
+    late: list[asyncio.Task[Any]] = []
+
+    def slow() -> None:
+        started.set()
+        time.sleep(0.1)
+        # Scheduled before the thread reports idle: this step's task starts before the waiters
+        # let go below have run.
+        loop.call_soon_threadsafe(
+            lambda: late.append(asyncio.ensure_future(
+                store.accept_inbound(info, inbound("third", "m3"))
+            ))
+        )
+
+    busy = asyncio.create_task(store._run(slow))
+    await asyncio.to_thread(started.wait, 5)
+    waiting = [
+        asyncio.create_task(store.accept_inbound(info, inbound(text, mid)))
+        for text, mid in (("first", "m1"), ("second", "m2"))
+    ]
+    await asyncio.wait_for(asyncio.gather(busy, *waiting), 10)
+    await asyncio.wait_for(late[0], 10)
+    assert store._released == 0 and not store._waiting
+    assert [r.content for r in (await store.claim_turn("k", lambda _s: None))[1]] == [
+        "first", "second", "third",
     ]
     await store.close()
 
