@@ -166,8 +166,6 @@ async def measure(
 
 
 if __name__ == "__main__":
-    from bench.channels import main
+    from bench.channels import run_alone
 
-    given = sys.argv[1:]
-    level = [] if any(a.startswith("--concurrency") for a in given) else ["--concurrency", "20"]
-    asyncio.run(main(["--only", PLATFORM, *level, *given]))
+    run_alone(PLATFORM)

@@ -104,5 +104,13 @@ async def main(argv: list[str] | None = None) -> None:
         args.json.write_text(json.dumps(rows, indent=2))
 
 
+def run_alone(platform: str) -> None:
+    """`bench/channel_<platform>.py` run by itself: this table for its platform, 20 at a time
+    unless the command line names levels (its other options are these)."""
+    given = sys.argv[1:]
+    level = [] if any(a.startswith("--concurrency") for a in given) else ["--concurrency", "20"]
+    asyncio.run(main(["--only", platform, *level, *given]))
+
+
 if __name__ == "__main__":
     asyncio.run(main())

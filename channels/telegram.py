@@ -246,12 +246,9 @@ def to_inbound(message: Message, me: User) -> InboundMessage | None:
 
     if sender is not None:
         sender_id = str(sender.id)
-        names = (sender.first_name, sender.last_name)
-        if all(isinstance(n, str | None) for n in names):
-            full: object = sender.full_name
-        else:  # PTB keeps whatever the JSON held; a malformed name is no name
-            full = None
-        sender_name = _name(full, sender.username)
+        # PTB keeps whatever the JSON held: a malformed name is no name.
+        well_formed = all(isinstance(n, str | None) for n in (sender.first_name, sender.last_name))
+        sender_name = _name(sender.full_name if well_formed else None, sender.username)
     elif message.sender_chat is not None:  # anonymous admin / linked channel
         sender_id = str(message.sender_chat.id)
         sender_name = _name(message.sender_chat.title, message.sender_chat.username)

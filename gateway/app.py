@@ -278,8 +278,11 @@ class Gateway:
         try:
             await channel.send(message)
         except Exception as exc:
-            parts = exc.parts if isinstance(exc, PartlySent) else message.sent_parts
-            cause = (exc.__cause__ or exc) if isinstance(exc, PartlySent) else exc
+            parts, cause = (
+                (exc.parts, exc.__cause__ or exc)
+                if isinstance(exc, PartlySent)
+                else (message.sent_parts, exc)
+            )
             error = failure_text(cause)
             after = f" after {parts} chunk(s)" if parts else ""
             # A refusal or an outage is one line (it may repeat for every try); a bug is not.
