@@ -19,9 +19,11 @@ class BudgetSettings:
     """Floor of the reserve kept free for the reply and the next messages (OpenClaw: 20k)."""
     max_output_tokens: int = 4_096
     flush_soft_tokens: int = 4_000
-    system_share: float = 0.15
-    tool_results_share: float = 0.30
-    summary_share: float = 0.20
+    # The design seed's shares of the usable budget.
+    system_share: float = 0.05
+    history_share: float = 0.60
+    tool_results_share: float = 0.25
+    summary_share: float = 0.10
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +89,9 @@ class Budget:
 
     @property
     def history_cap(self) -> int:
-        """What is left for conversation once the other shares are set aside."""
-        return self.usable - self.system_cap - self.summary_cap
+        """What the turns kept verbatim may use: compaction keeps fewer recent turns, and the
+        importance score picks what to drop, to hold them to it."""
+        return int(self.usable * self.settings.history_share)
 
     def tier(self, tokens: int) -> Tier:
         if tokens <= self.usable:
@@ -108,13 +111,21 @@ class Budget:
             ("usable (compaction threshold)", self.usable, "window - reserve"),
             ("memory flush threshold", self.flush_at, "usable - flush_soft_tokens"),
             ("system prompt share", self.system_cap, f"{self.settings.system_share:.0%} of usable"),
-            ("summary share", self.summary_cap, f"{self.settings.summary_share:.0%} of usable"),
+            (
+                "summary share",
+                self.summary_cap,
+                f"{self.settings.summary_share:.0%} of usable; the most a summary may take",
+            ),
             (
                 "tool results share",
                 self.tool_results_cap,
                 f"{self.settings.tool_results_share:.0%} of usable; older results trimmed above",
             ),
-            ("history share", self.history_cap, "usable - system - summary"),
+            (
+                "history share",
+                self.history_cap,
+                f"{self.settings.history_share:.0%} of usable; verbatim turns kept by compaction",
+            ),
             ("output", self.settings.max_output_tokens, "max_output_tokens (inside the reserve)"),
         ]
 

@@ -1,22 +1,30 @@
-"""Lossless LLM compaction (pure): chunked summaries in parallel, a merge, a quality guard,
-code-guaranteed identifiers, an augmentation suffix, and a deterministic fallback.
+"""Lossless LLM compaction (pure): chunked summaries in parallel, a merge, a quality guard, a
+bounded identifier section backed by an exact-lookup archive, and a deterministic fallback that
+always fits.
 
 Nothing here deletes anything: the result is a summary and the seq range it covers; the runner
-stores it next to the untouched originals, and the prompt becomes "summary + messages after the
-range". A summary that fails, comes back empty or times out is never used: the extractive
-fallback is built from the messages themselves, with the same sections.
+stores it next to the untouched originals, archives every identifier of the range with the seqs
+it appears in (the `history_search` tool finds them), and the prompt becomes "summary + messages
+after the range". A summary that fails, comes back empty or times out is never used: the
+extractive fallback is built from the messages themselves, with the same sections.
 
-Pipeline (OpenClaw's, with the gaps its users hit closed):
+Pipeline:
 1. Keep the last `recent_turns` user turns verbatim; the span before them is compacted.
 2. Leave out messages over half the window, with a note (`[Large <role> (~NK tokens) omitted]`).
-3. Redact secrets; extract identifiers from the *whole* span (and the previous summary).
+3. Redact secrets; rank the span's identifiers by salience (`context.salience`).
 4. Split the span into `parts` chunks by token share (adaptive chunk ratio), at message
    boundaries, never between a tool call and its result.
 5. Summarize the chunks concurrently, then merge them (with the previous summary, which is
    re-distilled, never stacked) into the five sections.
 6. Audit (quality guard); feed failures back and retry; keep the best attempt.
-7. Append any identifier the model dropped; add the augmentation suffix; cap the size, cutting
-   the body first.
+7. Carry over, quoted, any decision, TODO, constraint or ask the model dropped.
+8. Fit the summary to its token budget: the other sections first, then as many identifiers as
+   fit (never more than `identifier_share` of the budget), then a line saying how many more are
+   archived. A model summary whose body alone cannot fit gives way to the extractive summary,
+   shrunk section by section (identifiers and bulk first, asks and red lines last).
+
+The guarantee: every identifier of the span is verbatim in the summary or one exact
+`history_search` lookup away.
 """
 
 from __future__ import annotations
@@ -28,16 +36,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from context.failures import tool_failure
 from context.history import split_turns
-from context.identifiers import (
-    Identifier,
-    extract_identifiers,
-    missing_identifiers,
-    redact_secrets,
-    render_identifier_section,
+from context.identifiers import Identifier, inline_code, redact_secrets
+from context.quality import (
+    REQUIRED_SECTIONS,
+    QualityReport,
+    audit_summary,
+    find_sections,
+    keywords,
+    score_for_ranking,
 )
-from context.pruning import looks_like_error
-from context.quality import REQUIRED_SECTIONS, QualityReport, audit_summary, score_for_ranking
+from context.salience import RankedIdentifier, rank_identifiers
 from context.tokens import TokenCounter
 from context.types import Message
 
@@ -58,6 +68,13 @@ TOOL_FAILURE_CHARS = 240
 FILES_LIST_CHARS = 900
 RECENT_TURN_CHARS = 600
 RULES_CHARS = 2_000
+ARCHIVE_TOOL = "history_search"
+IDENTIFIER_SHARE = 0.4
+"""The most of the summary budget the identifier section may take: the other sections first."""
+MODEL_IDENTIFIERS = 300
+"""At most this many (most salient) identifiers are named to the summarizer as must-keep."""
+COVERED_SHARE = 0.7
+"""A decision/TODO/constraint counts as kept when the summary has this share of its keywords."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +92,10 @@ class CompactionSettings:
     instructions: str = ""
     """Extra instructions from `/compact <instructions>`."""
     summary_budget_tokens: int | None = None
-    """Largest acceptable summary (tokens); above it the summary cannot fit and is refused."""
+    """Largest acceptable summary (tokens); the summary is fitted to it or refused."""
+    identifier_share: float = IDENTIFIER_SHARE
+    archive_tool: str = ARCHIVE_TOOL
+    """The lookup tool the summary names for the identifiers it does not list."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +115,13 @@ class CompactionResult:
     errors: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     model_identifier_retention: float = 1.0
-    """Share of identifiers the model kept by itself (code appends the rest under strict)."""
+    """Share of the salient identifiers the model kept by itself (code adds the rest)."""
+    ranked_identifiers: tuple[RankedIdentifier, ...] = ()
+    """Every identifier of the span, most salient first, with the seqs it appears in: the
+    runner archives them all, so the ones the summary does not list are one lookup away."""
+    identifiers_in_summary: int = 0
+    prompt: tuple[Message, ...] = ()
+    """The next live prompt after this compaction (set by the engine), as the model gets it."""
 
     @property
     def committed(self) -> bool:
@@ -283,7 +309,6 @@ def merge_prompt(
 
 # -- augmentation ---------------------------------------------------------------------------
 
-_EXIT_RE = re.compile(r"exit(?:ed with)? (?:code|status)\W{0,3}(-?\d+)", re.IGNORECASE)
 _READ_TOOLS = ("read", "cat", "open", "view", "get", "load", "fetch", "search", "list", "grep")
 _WRITE_TOOLS = ("write", "edit", "patch", "save", "create", "delete", "remove", "move", "append")
 
@@ -294,18 +319,23 @@ def _clip(text: str, limit: int) -> str:
 
 
 def tool_failures(messages: Sequence[Message]) -> list[str]:
-    """The last failed tool results, with status and exit code."""
+    """The last failed tool results (from the tool's own flag, exit codes, then text), each
+    with its call, status and error line."""
     calls = {c.id: c for m in messages for c in m.tool_calls}
     out: list[str] = []
     for m in messages:
-        if m.role != "tool" or not looks_like_error(m.text):
+        if m.role != "tool":
             continue
-        call = calls.get(m.tool_call_id or "")
-        name = m.name or (call.name if call else "tool")
-        code = _EXIT_RE.search(m.text)
-        status = f"exit code {code.group(1)}" if code else "error"
-        args = _clip(call.arguments, 80) if call else ""
-        out.append(_clip(f"{name}({args}) failed [{status}]: {m.text}", TOOL_FAILURE_CHARS))
+        failure = tool_failure(m, calls.get(m.tool_call_id or ""))
+        if failure is None:
+            continue
+        status = f"exit code {failure.exit_code}" if failure.exit_code is not None else "error"
+        args = _clip(failure.arguments, 80)
+        where = f" (seq {failure.seq})" if failure.seq is not None else ""
+        out.append(
+            _clip(f"{failure.tool}({args}) failed [{status}]{where}: {failure.detail}",
+                  TOOL_FAILURE_CHARS)
+        )
     return out[-MAX_TOOL_FAILURES:]
 
 
@@ -343,14 +373,22 @@ def file_activity(messages: Sequence[Message]) -> tuple[list[str], list[str]]:
     return read, modified
 
 
+Suffix = tuple[str, str]
+"""(name, Markdown section) appended after the body: "failures", "files", "recent", "rules"."""
+
+#: Which suffix sections go first when a summary must shrink: the recent turns are verbatim in
+#: the prompt anyway, and the red lines are in every system prompt, but they go last.
+SUFFIX_DROP_ORDER = ("recent", "files", "failures", "rules")
+
+
 def augmentation(
     compacted: Sequence[Message], kept: Sequence[Message], critical_rules: str
-) -> list[str]:
-    """Suffix sections that survive truncation of the body."""
-    sections: list[str] = []
+) -> list[Suffix]:
+    """Suffix sections that code guarantees, whatever the model wrote."""
+    sections: list[Suffix] = []
     failures = tool_failures(compacted)
     if failures:
-        sections.append("## Tool failures\n" + "\n".join(f"- {f}" for f in failures))
+        sections.append(("failures", "## Tool failures\n" + "\n".join(f"- {f}" for f in failures)))
     read, modified = file_activity(compacted)
     if read or modified:
         lines = ["## Files"]
@@ -358,15 +396,18 @@ def augmentation(
             lines.append("- read: " + _clip(", ".join(read), FILES_LIST_CHARS))
         if modified:
             lines.append("- modified: " + _clip(", ".join(modified), FILES_LIST_CHARS))
-        sections.append("\n".join(lines))
+        sections.append(("files", "\n".join(lines)))
     recent = [m for m in kept if m.role in ("user", "assistant") and m.text]
     if recent:
-        sections.append(
+        sections.append((
+            "recent",
             "## Recent turns (kept verbatim after this summary)\n"
-            + "\n".join(f"- {m.role}: {_clip(m.text, RECENT_TURN_CHARS)}" for m in recent)
-        )
+            + "\n".join(f"- {m.role}: {_clip(m.text, RECENT_TURN_CHARS)}" for m in recent),
+        ))
     if critical_rules.strip():
-        sections.append("## Critical rules (AGENTS.md)\n" + _clip_block(critical_rules, RULES_CHARS))
+        sections.append(
+            ("rules", "## Critical rules (AGENTS.md)\n" + _clip_block(critical_rules, RULES_CHARS))
+        )
     return sections
 
 
@@ -375,7 +416,7 @@ def _clip_block(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-# -- assembling the final summary -----------------------------------------------------------
+# -- fitting the final summary --------------------------------------------------------------
 
 _HEADING_RE = re.compile(r"^##\s+(.+?)\s*:?\s*$", re.MULTILINE)
 
@@ -391,97 +432,288 @@ def _split_identifier_section(summary: str) -> tuple[str, str]:
     return summary.strip(), ""
 
 
-def finalize(
-    model_summary: str,
-    identifiers: Sequence[Identifier],
-    suffix_sections: Sequence[str],
-    max_chars: int,
-    policy: IdentifierPolicy,
-) -> tuple[str, list[Identifier]]:
-    """Reference header + body + `## Exact identifiers` (completed by code) + suffix, capped.
-
-    The cap cuts the body first, then the suffix; the identifier section is never cut, so the
-    strict policy's guarantee holds whatever the size.
-    """
-    body, id_lines = _split_identifier_section(model_summary)
-    appended = missing_identifiers(model_summary, identifiers) if policy != "off" else []
-    id_section = IDENTIFIERS_HEADING + "\n" + "\n".join(
-        x for x in (id_lines, render_identifier_section(appended)) if x.strip()
+def archive_line(count: int, tool: str) -> str:
+    """What the summary says about the identifiers it does not list."""
+    return (
+        f"- {count:,} more identifiers from these messages are archived, not listed here: call "
+        f"`{tool}` with an exact identifier (or a few words) to get the messages it appears in, "
+        "with their seq and time."
     )
-    if id_section.strip() == IDENTIFIERS_HEADING:
-        id_section += "\nnone"
-    suffix = "\n\n".join(suffix_sections)
-    fixed = len(REFERENCE_HEADER) + len(id_section) + len(suffix) + 8
-    room = max_chars - fixed
-    if room < len(body):
-        if room >= 200:
-            body = body[: room - 60].rstrip() + "\n[… summary body cut to fit the size cap …]"
-        else:
-            body = "[summary body cut to fit the size cap]"
-            room_suffix = max_chars - len(REFERENCE_HEADER) - len(id_section) - len(body) - 8
-            suffix = suffix[: max(0, room_suffix)]
-    text = "\n\n".join(x for x in (REFERENCE_HEADER, body, id_section, suffix) if x.strip())
-    return text, appended
 
 
-# -- extractive fallback --------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Fitted:
+    text: str
+    listed: tuple[Identifier, ...]
+    """Identifiers verbatim in the text (in the body, a suffix, or the identifier section)."""
+    dropped: tuple[str, ...] = ()
+    """Suffix sections left out to fit."""
+
+
+def fit_summary(
+    body: str,
+    ranked: Sequence[RankedIdentifier],
+    suffix: Sequence[Suffix],
+    *,
+    budget_tokens: int | None,
+    max_chars: int,
+    counter: TokenCounter,
+    identifier_share: float = IDENTIFIER_SHARE,
+    archive_tool: str = ARCHIVE_TOOL,
+    policy: IdentifierPolicy = "strict",
+) -> Fitted | None:
+    """Reference header + body + `## Exact identifiers` + suffix, within the budget.
+
+    The identifier section gets what the other sections leave, at most `identifier_share` of
+    the budget, filled in salience order; a closing line counts the identifiers it had no room
+    for and names the lookup tool. Suffix sections are dropped in `SUFFIX_DROP_ORDER` when the
+    body and suffix alone do not fit. None when the body alone cannot fit.
+    """
+    budget = budget_tokens if budget_tokens is not None else 1 << 40
+    sections = list(suffix)
+    dropped: list[str] = []
+
+    def render(id_lines: Sequence[str], secs: Sequence[Suffix]) -> str:
+        id_section = IDENTIFIERS_HEADING + "\n" + ("\n".join(id_lines) if id_lines else "- none")
+        parts = (REFERENCE_HEADER, body, id_section, *(s for _n, s in secs))
+        return "\n\n".join(p for p in parts if p.strip())
+
+    def size(text: str) -> int:
+        return counter.count_text(text)
+
+    def over(text: str, tokens: int) -> bool:
+        return tokens > budget or len(text) > max_chars
+
+    # The room the rest needs, with a worst-case archive line in the identifier section.
+    worst_line = archive_line(max(1, len(ranked)), archive_tool)
+    base = render([worst_line], sections)
+    base_tokens = size(base)
+    for name in SUFFIX_DROP_ORDER:
+        if not over(base, base_tokens):
+            break
+        kept = [s for s in sections if s[0] != name]
+        if len(kept) != len(sections):
+            sections, base = kept, render([worst_line], kept)
+            base_tokens = size(base)
+            dropped.append(name)
+    if over(base, base_tokens):
+        return None
+
+    fixed_text = "\n".join([body, *(s for _n, s in sections)])
+    listed = [r.identifier for r in ranked if r.value in fixed_text] if policy != "off" else []
+    present = {i.value for i in listed}
+    room = min(budget - base_tokens, int(budget * max(0.0, min(identifier_share, 1.0))))
+    room_chars = max_chars - len(base)
+    id_lines: list[str] = []
+    if policy != "off":
+        for r in ranked:
+            if r.value in present:
+                continue
+            line = f"- {inline_code(r.value)}"
+            cost = size(line) + 1
+            if cost > room or len(line) + 1 > room_chars:
+                if room < 8:
+                    break
+                continue  # a shorter identifier further down may still fit
+            room -= cost
+            room_chars -= len(line) + 1
+            id_lines.append(line)
+            listed.append(r.identifier)
+            present.add(r.value)
+    missing = sum(1 for r in ranked if r.value not in present) if policy != "off" else 0
+    if missing:
+        id_lines.append(archive_line(missing, archive_tool))
+    text = render(id_lines, sections)
+    # The archive line was costed at its worst; a shorter count can only be smaller.
+    return Fitted(text, tuple(listed), tuple(dropped))
+
+
+# -- decisions, TODOs, constraints and asks -------------------------------------------------
 
 _DECISION_RE = re.compile(
-    r"\b(decid\w*|agreed|we'?ll go with|let'?s go with|chose|chosen|settled on|approved)\b",
+    r"\b(decid\w*|agreed|we'?ll go with|let'?s go with|chose|chosen|settled on|approved)\b"
+    r"|决定|选定|采用|定了",
     re.IGNORECASE,
 )
 _TODO_RE = re.compile(
-    r"(\bTODO\b|- \[ \]|\bnext step|\bneed to\b|\bstill have to\b|\bremaining\b|\bpending\b)",
+    r"(\bTODO\b|- \[ \]|\bnext step|\bneed to\b|\bstill have to\b|\bremaining\b|\bpending\b"
+    r"|待办|还需要|需要跟进)",
     re.IGNORECASE,
 )
-_RULE_RE = re.compile(r"\b(must|never|always|don'?t|do not|only|required?)\b", re.IGNORECASE)
-_SENTENCE_RE = re.compile(r"(?<=[.!?。！？])\s+|\n+")
+_RULE_RE = re.compile(
+    r"\b(must|never|always|don'?t|do not|only|required?)\b|不要|不能|必须|禁止|务必|只能",
+    re.IGNORECASE,
+)
+_SENTENCE_RE = re.compile(r"(?<=[.!?。！？])\s*|\n+")
+ITEM_CHARS = 300
 
 
 def _sentences(messages: Sequence[Message], roles: tuple[str, ...]) -> list[str]:
     out: list[str] = []
     for m in messages:
         if m.role in roles and m.text:
-            out.extend(s.strip() for s in _SENTENCE_RE.split(m.text) if s.strip())
+            out.extend(s.strip() for s in _SENTENCE_RE.split(m.text) if s and s.strip())
     return out
 
 
-def _pick(sentences: Sequence[str], pattern: re.Pattern[str], limit: int) -> list[str]:
+def _pick(sentences: Sequence[str], pattern: re.Pattern[str], limit: int | None) -> list[str]:
+    """Matching sentences, newest `limit` (all when None), in conversation order, deduplicated."""
     seen: list[str] = []
     for s in reversed(sentences):
         if pattern.search(s):
-            clipped = _clip(s, 300)
+            clipped = _clip(s, ITEM_CHARS)
             if clipped not in seen:
                 seen.append(clipped)
-        if len(seen) >= limit:
+        if limit is not None and len(seen) >= limit:
             break
     return list(reversed(seen))
 
 
-def extractive_summary(
-    compacted: Sequence[Message], previous_summary: str | None, latest_ask: str | None
-) -> str:
-    """A deterministic summary with the same sections, filled from the messages themselves."""
+@dataclass(frozen=True, slots=True)
+class Salient:
+    """Sentences the summary must carry: quoted from the span, newest last."""
+
+    decisions: tuple[str, ...]
+    todos: tuple[str, ...]
+    constraints: tuple[str, ...]
+    asks: tuple[str, ...]
+
+
+def salient_sentences(compacted: Sequence[Message], latest_ask: str | None) -> Salient:
     said = _sentences(compacted, ("user", "assistant"))
     user_said = _sentences(compacted, ("user",))
+    asks = [_clip(m.text, ITEM_CHARS) for m in compacted if m.role == "user" and m.text][-3:]
+    if latest_ask and _clip(latest_ask, ITEM_CHARS) not in asks:
+        asks.append(_clip(latest_ask, ITEM_CHARS))
+    return Salient(
+        decisions=tuple(_pick(said, _DECISION_RE, None)),
+        todos=tuple(_pick(said, _TODO_RE, None)),
+        constraints=tuple(_pick(user_said, _RULE_RE, None)),
+        asks=tuple(asks),
+    )
 
-    def section(title: str, items: Sequence[str]) -> str:
-        return f"## {title}\n" + ("\n".join(f"- {i}" for i in items) if items else "- none")
 
-    asks = [_clip(m.text, 300) for m in compacted if m.role == "user" and m.text][-3:]
-    if latest_ask and _clip(latest_ask, 300) not in asks:
-        asks.append(_clip(latest_ask, 300))
-    parts = [
-        "## State\n- Extractive summary (the summarizer model was unavailable); sentences are "
-        "quoted from the conversation.",
-        section("Decisions", _pick(said, _DECISION_RE, 12)),
-        section("Open TODOs", _pick(said, _TODO_RE, 12)),
-        section("Constraints/Rules", _pick(user_said, _RULE_RE, 12)),
+def _covered(sentence: str, summary_terms: set[str], summary: str) -> bool:
+    """The summary keeps `sentence` (its wording may differ): most of its keywords, and every
+    number in it, are in the summary."""
+    terms = keywords(sentence)
+    numbers = re.findall(r"\d+(?:[.,]\d+)*", sentence)
+    if any(not re.search(rf"(?<![\d.,]){re.escape(n)}(?![\d]|[.,]\d)", summary) for n in numbers):
+        return False
+    if not terms:
+        return sentence in summary
+    return len(terms & summary_terms) / len(terms) >= COVERED_SHARE
+
+
+_SECTION_OF = {
+    "decisions": "## Decisions",
+    "todos": "## Open TODOs",
+    "constraints": "## Constraints/Rules",
+}
+
+
+def carry_over(summary: str, salient: Salient) -> tuple[str, int]:
+    """Append to each section, quoted, the decisions, TODOs and constraints the model dropped.
+
+    Returns the summary and how many items were carried over. A model that keeps what it is
+    shown needs none; a lossy one loses none.
+    """
+    terms = keywords(summary)
+    carried = 0
+    text = summary
+    for attr, heading in _SECTION_OF.items():
+        missing = [s for s in getattr(salient, attr) if not _covered(s, terms, summary)]
+        if not missing:
+            continue
+        carried += len(missing)
+        text = _append_to_section(text, heading, [f"- (quoted) {s}" for s in missing])
+    return text, carried
+
+
+def _canonical(title: str) -> str:
+    """The required heading a title stands for (`## open todo` -> `## Open TODOs`)."""
+    found = find_sections(f"## {title}\n")
+    return next(iter(found), f"## {title}")
+
+
+def _append_to_section(summary: str, heading: str, lines: Sequence[str]) -> str:
+    """Add `lines` at the end of section `heading` (replacing a lone "none"), or add it."""
+    matches = list(_HEADING_RE.finditer(summary))
+    for i, match in enumerate(matches):
+        if _canonical(match.group(1).strip()) != heading:
+            continue
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(summary)
+        section = summary[match.end() : end].strip()
+        if section.lower().lstrip("- ").strip().rstrip(".") in ("none", ""):
+            section = ""
+        new = "\n".join(x for x in (section, *lines) if x)
+        rest = summary[end:].lstrip("\n")
+        return summary[: match.end()] + "\n" + new + ("\n\n" + rest if rest else "")
+    return summary.rstrip() + f"\n\n{heading}\n" + "\n".join(lines)
+
+
+# -- extractive fallback --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Limits:
+    items: int | None = None
+    """Newest items kept per section (None: all)."""
+    item_chars: int = ITEM_CHARS
+    asks: int = 4
+    earlier_chars: int = 4_000
+    state: bool = True
+
+
+#: Shrinking steps for the extractive summary, least loss first.
+_SHRINK_STEPS = (
+    _Limits(),
+    _Limits(earlier_chars=1_500),
+    _Limits(items=12, earlier_chars=800),
+    _Limits(items=8, item_chars=200, earlier_chars=400, asks=3),
+    _Limits(items=5, item_chars=160, earlier_chars=0, asks=2, state=False),
+    _Limits(items=3, item_chars=120, earlier_chars=0, asks=1, state=False),
+    _Limits(items=2, item_chars=90, earlier_chars=0, asks=1, state=False),
+    _Limits(items=1, item_chars=70, earlier_chars=0, asks=1, state=False),
+)
+
+
+def extractive_summary(
+    compacted: Sequence[Message],
+    previous_summary: str | None,
+    latest_ask: str | None,
+    limits: _Limits | None = None,
+    salient: Salient | None = None,
+) -> str:
+    """A deterministic summary with the same sections, quoted from the messages themselves."""
+    lim = limits or _Limits()
+    found = salient or salient_sentences(compacted, latest_ask)
+
+    def items(values: Sequence[str]) -> list[str]:
+        chosen = list(values) if lim.items is None else list(values)[-lim.items :]
+        return [_clip(v, lim.item_chars) for v in chosen]
+
+    def section(title: str, values: Sequence[str]) -> str:
+        return f"## {title}\n" + ("\n".join(f"- {i}" for i in values) if values else "- none")
+
+    asks = list(found.asks)[-lim.asks :]
+    # The latest ask is whole: it is the one the next turn answers.
+    asks = [a if a == asks[-1] else _clip(a, lim.item_chars) for a in asks]
+    parts = []
+    if lim.state:
+        parts.append(
+            "## State\n- Extractive summary (the summarizer model was unavailable or its summary "
+            "did not fit); sentences are quoted from the conversation."
+        )
+    parts += [
+        section("Decisions", items(found.decisions)),
+        section("Open TODOs", items(found.todos)),
+        section("Constraints/Rules", items(found.constraints)),
         section("Pending user asks", asks),
     ]
-    if previous_summary:
+    if previous_summary and lim.earlier_chars > 0:
         body, _ids = _split_identifier_section(previous_summary.replace(REFERENCE_HEADER, ""))
-        parts.append("## Earlier summary\n" + _clip_block(body, 4_000))
+        parts.append("## Earlier summary\n" + _clip_block(body, lim.earlier_chars))
     return "\n\n".join(parts)
 
 
@@ -521,12 +753,16 @@ async def _call(call: SummaryCall, prompt: list[Message], log: _Attempts) -> str
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # a failed summary is recorded, never committed
-        log.errors.append(f"{type(exc).__name__}: {exc}")
+        log.errors.append(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
         return None
     if not text or not text.strip():
         log.errors.append("empty summary")
         return None
     return text.strip()
+
+
+def _is_failure(message: Message) -> bool:
+    return message.role == "tool" and tool_failure(message) is not None
 
 
 async def compact(
@@ -556,14 +792,20 @@ async def compact(
     previous_tokens = counter.count_text(previous_summary) if previous_summary else 0
     tokens_before = previous_tokens + sum(m.tokens or 0 for m in messages)
 
-    texts = [m.text for m in span.compacted] + [
-        c.arguments for m in span.compacted for c in m.tool_calls
-    ]
-    if previous_summary:
-        texts.insert(0, previous_summary)
-    identifiers = extract_identifiers(
-        texts, policy=settings.identifier_policy, custom_patterns=settings.custom_patterns
+    ranked = rank_identifiers(
+        span.compacted,
+        previous_summary=previous_summary,
+        policy=settings.identifier_policy,
+        custom_patterns=settings.custom_patterns,
+        is_failure=_is_failure,
     )
+    budget = settings.summary_budget_tokens
+    # The identifiers named to the model as must-keep: the most salient ones, about as many as
+    # the identifier section could hold.
+    named = MODEL_IDENTIFIERS
+    if budget is not None:
+        named = max(10, min(MODEL_IDENTIFIERS, int(budget * settings.identifier_share) // 8))
+    must_keep = [r.identifier for r in ranked[:named]]
 
     window = settings.window
     ratio = chunk_ratio(compacted, window)
@@ -584,7 +826,7 @@ async def compact(
                     text,
                     i,
                     len(chunks),
-                    [ident for ident in identifiers if ident.value in text],
+                    [ident for ident in must_keep if ident.value in text],
                     settings.instructions,
                 ),
                 log,
@@ -596,27 +838,25 @@ async def compact(
     suffix = augmentation(compacted, kept_redacted, settings.critical_rules)
     source_texts = [m.text for m in compacted if m.text]
     kept_tokens = sum(m.tokens or 0 for m in span.kept)
+    salient = salient_sentences(compacted, latest_ask)
 
-    def audit(text: str, after: int) -> QualityReport:
+    def audit(text: str, after: int, idents: Sequence[Identifier]) -> QualityReport:
         return audit_summary(
             text,
-            identifiers=identifiers,
+            identifiers=idents,
             latest_ask=latest_ask,
             source_texts=source_texts,
             tokens_before=tokens_before,
             tokens_after=after,
         )
 
-    def build(model_text: str, fallback: str | None, retries: int) -> tuple[str, QualityReport]:
-        """The final summary, and the audit of what the *model* wrote (what the guard judges)."""
-        final, _appended = finalize(
-            model_text, identifiers, suffix, settings.summary_max_chars,
-            settings.identifier_policy,
-        )
-        report = audit(model_text, counter.count_text(final) + kept_tokens)
-        return final, replace(report, retries_used=retries, fallback=fallback)
+    def judge(model_text: str, fallback: str | None, retries: int) -> QualityReport:
+        """The audit of what the *model* wrote (what the guard judges) against the salient
+        identifiers it was asked to keep."""
+        report = audit(model_text, counter.count_text(model_text) + kept_tokens, must_keep)
+        return replace(report, retries_used=retries, fallback=fallback)
 
-    best: tuple[str, QualityReport, str] | None = None
+    best: tuple[QualityReport, str] | None = None
     if len(partials) == len(chunks):
         candidate: str | None = partials[0] if single else None
         problems: list[str] = []
@@ -624,7 +864,7 @@ async def compact(
         for attempt in range(max_tries):
             if candidate is None or attempt > 0:
                 prompt = merge_prompt(
-                    partials, previous_summary, identifiers, latest_ask,
+                    partials, previous_summary, must_keep, latest_ask,
                     settings.instructions, problems,
                 )
                 candidate = await _call(summarize, prompt, log)
@@ -635,9 +875,9 @@ async def compact(
                 notes.append("merge call failed; kept the part summaries unmerged")
             if candidate is None:
                 break
-            final, report = build(candidate, label, attempt)
-            if best is None or score_for_ranking(report) > score_for_ranking(best[1]):
-                best = (final, report, candidate)
+            report = judge(candidate, label, attempt)
+            if best is None or score_for_ranking(report) > score_for_ranking(best[0]):
+                best = (report, candidate)
             if not settings.quality_guard or report.passed or label is not None:
                 break
             problems = list(report.problems)
@@ -645,32 +885,50 @@ async def compact(
     else:
         notes.append(f"{len(chunks) - len(partials)} of {len(chunks)} chunk summaries failed")
 
-    fallback: str | None = None
-    if best is None:
-        fallback = "extractive"
-        model_text = extractive_summary(compacted, previous_summary, latest_ask)
-        final, report = build(model_text, fallback, 0)
-        best = (final, report, model_text)
-        notes.append("summarizer failed; used the extractive fallback: " + "; ".join(log.errors))
+    def fit(body: str) -> Fitted | None:
+        return fit_summary(
+            body, ranked, suffix,
+            budget_tokens=budget, max_chars=settings.summary_max_chars, counter=counter,
+            identifier_share=settings.identifier_share, archive_tool=settings.archive_tool,
+            policy=settings.identifier_policy,
+        )
 
-    final, model_report, _raw = best
-    fallback = model_report.fallback
-    summary_tokens = counter.count_text(final)
-    tokens_after = summary_tokens + kept_tokens
-    # What is stored: the audit of the final text (identifiers completed by code), plus how many
-    # identifiers the model itself kept.
-    report = replace(
-        audit(final, tokens_after),
-        retries_used=model_report.retries_used,
-        fallback=model_report.fallback,
-    )
-    model_retention = model_report.identifier_retention
-    budget = settings.summary_budget_tokens
-    if budget is not None and summary_tokens > budget:
+    fitted: Fitted | None = None
+    model_report: QualityReport | None = None
+    fallback: str | None = None
+    if best is not None:
+        model_report, model_text = best
+        fallback = model_report.fallback
+        body, _model_ids = _split_identifier_section(model_text)
+        body, carried = carry_over(body, salient)
+        if carried:
+            notes.append(f"carried over {carried} decisions/TODOs/constraints the model dropped")
+        fitted = fit(body)
+        if fitted is None:
+            notes.append(
+                f"the model's summary needs {counter.count_text(body):,} tokens, more than the "
+                f"{budget:,} available; used the extractive summary"
+            )
+    if fitted is None:
+        if best is None:
+            notes.append(
+                "summarizer failed; used the extractive fallback: " + "; ".join(log.errors)
+            )
+        fallback = "extractive"
+        for step in _SHRINK_STEPS:
+            fitted = fit(extractive_summary(compacted, previous_summary, latest_ask, step, salient))
+            if fitted is not None:
+                if step is not _SHRINK_STEPS[0]:
+                    notes.append("the extractive summary was shrunk to fit its budget")
+                break
+
+    model_retention = model_report.identifier_retention if model_report is not None else 0.0
+    if fitted is None:
         notes.append(
-            f"summary needs {summary_tokens:,} tokens, more than the {budget:,} available; "
+            f"even the shortest summary needs more than the {budget or 0:,} tokens available; "
             "history kept, not compacted"
         )
+        report = audit("", tokens_before, must_keep)
         return CompactionResult(
             summary="",
             first_seq=None,
@@ -678,14 +936,30 @@ async def compact(
             kept=list(messages),
             tokens_before=tokens_before,
             tokens_after=tokens_before,
-            identifiers=identifiers,
+            identifiers=[r.identifier for r in ranked],
             quality=replace(report, fallback="none"),
             fallback="none",
             model_identifier_retention=model_retention,
             attempts=log.calls,
             errors=tuple(log.errors),
             notes=tuple(notes),
+            ranked_identifiers=tuple(ranked),
         )
+    if fitted.dropped:
+        notes.append("left out to fit: " + ", ".join(fitted.dropped) + " section(s)")
+    final = fitted.text
+    summary_tokens = counter.count_text(final)
+    tokens_after = summary_tokens + kept_tokens
+    # What is stored: the audit of the final text against the identifiers it lists, plus how
+    # many the model itself kept and how many are archived instead.
+    report = replace(
+        audit(final, tokens_after, fitted.listed),
+        identifiers_total=len(ranked),
+        identifiers_in_summary=len(fitted.listed),
+        identifiers_archived=len(ranked) - len(fitted.listed),
+        retries_used=model_report.retries_used if model_report is not None else 0,
+        fallback=fallback,
+    )
     seqs = [m.seq for m in span.compacted if m.seq is not None]
     first = previous_first_seq if previous_first_seq is not None else (min(seqs) if seqs else None)
     return CompactionResult(
@@ -695,31 +969,40 @@ async def compact(
         kept=span.kept,
         tokens_before=tokens_before,
         tokens_after=tokens_after,
-        identifiers=identifiers,
+        identifiers=[r.identifier for r in ranked],
         quality=report,
         fallback=fallback,
         model_identifier_retention=model_retention,
         attempts=log.calls,
         errors=tuple(log.errors),
         notes=tuple(notes),
+        ranked_identifiers=tuple(ranked),
+        identifiers_in_summary=len(fitted.listed),
     )
 
 
 __all__ = [
+    "ARCHIVE_TOOL",
     "IDENTIFIERS_HEADING",
     "REFERENCE_HEADER",
     "REQUIRED_SECTIONS",
     "CompactionResult",
     "CompactionSettings",
+    "Fitted",
+    "Salient",
     "SummaryCall",
+    "archive_line",
     "augmentation",
+    "carry_over",
     "chunk_prompt",
     "chunk_ratio",
     "compact",
     "extractive_summary",
-    "finalize",
+    "fit_summary",
     "merge_prompt",
     "render_transcript",
+    "salient_sentences",
     "split_chunks",
     "split_recent",
+    "tool_failures",
 ]

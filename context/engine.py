@@ -17,10 +17,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 from context.budget import Budget, BudgetSettings, Tier, make_budget
-from context.compaction import CompactionResult, CompactionSettings, SummaryCall
+from context.compaction import CompactionResult, CompactionSettings, SummaryCall, split_recent
 from context.compaction import compact as run_compaction
 from context.history import SYSTEM_SOURCE, LimitResolution, choose_turns_to_drop, split_turns
 from context.pruning import clear_old_results, soft_trim_old_results
+from context.quality import IDEAL_COMPRESSION
 from context.tokens import TokenCounter, estimate_counter
 from context.types import Message
 from context.window import WindowResolution
@@ -69,6 +70,9 @@ class TurnContext:
     summary_first_seq: int | None = None
     refresh: str | None = None
     """The post-compaction refresh block (AGENTS.md sections), sent right after the summary."""
+    compaction_refresh: str | None = None
+    """The refresh block the first call after a new compaction will carry: `compact` sizes the
+    summary so that the prompt with it fits, and returns that prompt."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +156,10 @@ class FullHistoryEngine:
         return None
 
 
+MIN_SUMMARY_TOKENS = 400
+"""A summary smaller than this (or the summary share, if smaller) is not worth a compaction."""
+SUMMARY_MARGIN = 16
+"""Tokens kept free beside the summary: its message framing, rounding of the calibration."""
 PRUNE_CACHE_SIZE = 4_096
 SYSTEM_COUNTS_KEPT = 64
 TRIMMED_RESULT_TOKENS = 1_000
@@ -351,14 +359,11 @@ class DefaultContextEngine:
     def _drop_to_fit(
         self, kept: list[Message], usable: int, fixed: int, ratio: float, tier: Tier
     ) -> tuple[list[Message], list[str]]:
-        """Drop whole turns: least important first for a small overflow, else oldest first."""
+        """Drop whole turns, least important first (every tier), never the newest one."""
         turns = split_turns(kept)
         need = round((fixed + sum(m.tokens or 0 for m in kept)) * ratio) - usable
         to_free = int(need / ratio) + 1
-        if tier is Tier.DROP_OLDEST:
-            order = choose_turns_to_drop(turns, to_free, protect_last=1)
-        else:
-            order = list(range(len(turns)))
+        order = choose_turns_to_drop(turns, to_free, protect_last=1)
         drop: set[int] = set()
         freed = 0
         for index in order:
@@ -427,25 +432,136 @@ class DefaultContextEngine:
     async def compact(
         self, turn: TurnContext, summarize: SummaryCall, instructions: str = ""
     ) -> CompactionResult | None:
-        """Summarize everything but the recent turns (see `context.compaction`)."""
+        """Summarize everything but the recent turns (see `context.compaction`), sized so that
+        the next live prompt fits.
+
+        Turns outside the history limit are neither sent nor summarized (nor is a previous
+        summary, which covers turns older still). The recent turns kept verbatim shrink from
+        `recent_turns` towards one while they would leave the summary less than its share. The
+        summary's budget is what the live prompt — system prompt with the red lines, tool
+        schemas, refresh block, kept turns as `assemble` sends them — leaves, at most the
+        summary share. The result carries that prompt; a result that would not make it smaller
+        is returned uncommitted.
+        """
         settings = turn.settings or default_settings()
+        counter = settings.counter
         budget = make_budget(settings.window.tokens, settings.budget)
+        ratio = settings.calibration_ratio
         base = settings.compaction or CompactionSettings(window=settings.window.tokens)
+        notes: list[str] = []
+        history = list(turn.history)
+        start = _history_start(history, settings.history_limit.limit)
+        previous, previous_first = turn.summary, turn.summary_first_seq
+        if start:
+            history = history[start:]
+            notes.append(
+                f"history limit ({settings.history_limit.describe()}): {start} older messages "
+                "are neither sent nor summarized"
+            )
+            if previous:
+                previous, previous_first = None, None
+                notes.append("the previous summary covers turns outside the history limit: dropped")
+        messages = counter.ensure_counted([*history, *turn.incoming])
+        incoming_seqs = {id(m) for m in messages[len(history):]}
+        refresh = turn.compaction_refresh if turn.compaction_refresh is not None else turn.refresh
+        usable_local = int(budget.usable / ratio)
+        summary_cap = int(budget.summary_cap / ratio)
+        history_cap = int(budget.history_cap / ratio)
+        floor = min(summary_cap, MIN_SUMMARY_TOKENS)
+
+        def live(summary: str | None, kept: Sequence[Message]) -> ContextPlan:
+            kept_history = [m for m in kept if id(m) not in incoming_seqs]
+            kept_incoming = [m for m in kept if id(m) in incoming_seqs]
+            return self.assemble(
+                replace(
+                    turn, history=kept_history, incoming=kept_incoming, summary=summary,
+                    refresh=refresh, summary_first_seq=None,
+                )
+            )
+
+        # How many recent turns to keep verbatim: the configured number, fewer when they would
+        # crowd out the summary or exceed the history share.
+        recent = max(0, base.recent_turns)
+        room = 0
+        while True:
+            span = split_recent(messages, recent)
+            plan = live(None, span.kept)
+            sent = int(plan.facts.get("tokens", {}).get("sent_local", usable_local))
+            kept_tokens = sent - int(plan.facts.get("tokens", {}).get("system", 0)) - (
+                settings.tools_tokens
+            )
+            room = usable_local - sent - SUMMARY_MARGIN
+            fits = plan.tier is Tier.FITS and room >= floor
+            if recent <= 1 or (fits and (kept_tokens <= history_cap or room >= summary_cap)):
+                break
+            recent -= 1
+        if recent != base.recent_turns:
+            notes.append(
+                f"kept {recent} recent turn(s) verbatim instead of {base.recent_turns}: the "
+                "others would leave the summary too little room"
+            )
+        summary_budget = min(summary_cap, room)
         knobs = replace(
             base,
             window=settings.window.tokens,
+            recent_turns=recent,
             instructions=instructions or base.instructions,
-            summary_budget_tokens=budget.summary_cap,
-            # Small windows: cut the summary body (not the identifiers) to fit its share.
-            summary_max_chars=min(base.summary_max_chars, budget.summary_cap * 3),
+            summary_budget_tokens=max(0, summary_budget),
         )
-        return await run_compaction(
-            [*turn.history, *turn.incoming],
-            previous_summary=turn.summary,
-            previous_first_seq=turn.summary_first_seq,
-            counter=settings.counter,
+        result = await run_compaction(
+            messages,
+            previous_summary=previous,
+            previous_first_seq=previous_first,
+            counter=counter,
             settings=knobs,
             summarize=summarize,
+        )
+        if result is None:
+            return None
+        system_tokens = counter.count_message(Message(role="system", content=turn.system_prompt))
+        refresh_tokens = (
+            counter.count_message(Message(role="system", content=refresh)) if refresh else 0
+        )
+        previous_tokens = counter.count_message(summary_message(turn.summary)) if turn.summary else 0
+        whole = sum(m.tokens or 0 for m in counter.ensure_counted([*turn.history, *turn.incoming]))
+        tokens_before = round(
+            (system_tokens + settings.tools_tokens + previous_tokens + whole
+             + (refresh_tokens if turn.refresh else 0)) * ratio
+        )
+        notes.extend(result.notes)
+        if not result.committed:
+            return replace(result, tokens_before=tokens_before, tokens_after=tokens_before,
+                           notes=tuple(notes))
+        plan = live(result.summary, result.kept)
+        tokens_after = int(plan.facts.get("tokens", {}).get("prompt", 0))
+        refused: str | None = None
+        if plan.tier is not Tier.FITS or plan.error:
+            refused = (
+                f"the compacted prompt needs {tokens_after:,} tokens, more than the "
+                f"{budget.usable:,} usable; history kept, not compacted"
+            )
+        elif tokens_after >= tokens_before:
+            refused = (
+                f"the compacted prompt ({tokens_after:,} tokens) would not be smaller than the "
+                f"current one ({tokens_before:,}); history kept, not compacted"
+            )
+        if refused is not None:
+            notes.append(refused)
+            return replace(
+                result, summary="", first_seq=None, last_seq=None, kept=list(messages),
+                tokens_before=tokens_before, tokens_after=tokens_before, fallback="none",
+                quality=replace(result.quality, fallback="none"), notes=tuple(notes),
+            )
+        ratio_after = tokens_after / tokens_before if tokens_before else 1.0
+        quality = replace(
+            result.quality,
+            compression_ratio=ratio_after,
+            tokens_saved=tokens_before - tokens_after,
+            in_ideal_range=IDEAL_COMPRESSION[0] <= ratio_after <= IDEAL_COMPRESSION[1],
+        )
+        return replace(
+            result, tokens_before=tokens_before, tokens_after=tokens_after, quality=quality,
+            prompt=tuple(plan.messages), notes=tuple(notes),
         )
 
     def after_turn(self, turn: TurnContext, prompt_tokens: int | None) -> None:

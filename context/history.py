@@ -20,9 +20,11 @@ module does not import it.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from context.failures import tool_failure
 from context.pruning import looks_like_error
 from context.tokens import TokenCounter
 from context.types import Message
@@ -49,7 +51,11 @@ __all__ = [
 
 
 def message_has_error(message: Message) -> bool:
-    """A tool result, reply or pasted log that looks like a failure."""
+    """A failed tool result (`context.failures.tool_failure`: the tool's flag, a structured
+    exit code, else error lines at the output's head or tail), or a reply or pasted log that
+    looks like a failure."""
+    if message.role == "tool":
+        return tool_failure(message) is not None
     return looks_like_error(message.text)
 
 
@@ -242,45 +248,76 @@ def _check_no_split_pairs(kept: Sequence[Message], dropped: Sequence[Message]) -
 
 # ------------------------------------------------------------------------------ importance
 
-#: ARCHITECTURE weights: recency 0.3, message type 0.4, tool call 0.2, error 0.1.
-W_RECENCY, W_TYPE, W_TOOL, W_ERROR = 0.3, 0.4, 0.2, 0.1
-#: User asks and system notes (summaries) matter most; tool output is re-fetchable.
-TYPE_WEIGHTS: Mapping[str, float] = {"user": 1.0, "system": 1.0, "assistant": 0.7, "tool": 0.4}
+#: The design weights: recency 0.3, message type 0.4, length 0.2, reference 0.1.
+W_RECENCY, W_TYPE, W_LENGTH, W_REFERENCE = 0.3, 0.4, 0.2, 0.1
+#: User asks and system notes (summaries) matter most, the assistant's prose half as much; tool
+#: output is re-fetchable. A tool call records an action taken (forgetting it is how old tasks
+#: get re-run) and a failure must not be retried blindly, so both raise a message's type.
+TYPE_WEIGHTS: Mapping[str, float] = {"user": 1.0, "system": 1.0, "assistant": 0.5, "tool": 0.6}
+TOOL_CALL_TYPE, FAILURE_TYPE = 0.8, 1.0
+#: A message or turn this long (tokens) scores 0 on length: bulk is the cheapest thing to drop
+#: per point of importance lost; short exchanges cost little to keep.
+LENGTH_REF = 2_000
+_REFERENCE_RE = re.compile(r"[A-Za-z0-9][\w./:#-]*\d[\w./:#-]*|[\w.-]+/[\w./-]+")
 
 
 def _recency(index: int, total: int) -> float:
     return 1.0 if total <= 1 else min(max(index / (total - 1), 0.0), 1.0)
 
 
-def importance(message: Message, index: int, total: int) -> float:
-    """Importance of `message` at position `index` of `total`, in [0, 1].
+def _length(tokens: int | None) -> float:
+    return 1.0 - min(1.0, (tokens or 0) / LENGTH_REF)
 
-    Tool calls and results count (+0.2): they record actions taken, and forgetting them is how
-    old tasks get re-executed. Failures count (+0.1): the agent must not retry blindly.
-    """
-    tool = 1.0 if message.tool_calls or message.role == "tool" else 0.0
-    error = 1.0 if message_has_error(message) else 0.0
+
+def _message_type(message: Message) -> float:
+    if message_has_error(message):
+        return FAILURE_TYPE
+    weight = TYPE_WEIGHTS.get(message.role, 0.0)
+    return max(weight, TOOL_CALL_TYPE) if message.tool_calls else weight
+
+
+def importance(message: Message, index: int, total: int, referenced: bool = False) -> float:
+    """Importance of `message` at position `index` of `total`, in [0, 1]: recency, type (user
+    above assistant; tool calls and failures raised), length (shorter is cheaper to keep) and
+    whether a later message refers to it."""
     return (
         W_RECENCY * _recency(index, total)
-        + W_TYPE * TYPE_WEIGHTS.get(message.role, 0.0)
-        + W_TOOL * tool
-        + W_ERROR * error
+        + W_TYPE * _message_type(message)
+        + W_LENGTH * _length(message.tokens)
+        + W_REFERENCE * (1.0 if referenced else 0.0)
     )
 
 
-def turn_importance(turn: Turn, index: int, total: int) -> float:
-    """Importance of turn `index` of `total`, in [0, 1]: each component's max over its messages.
+def _turn_type(turn: Turn) -> float:
+    """An ask (or a system note) is most of it (0.6), then tool activity (0.2) and a failure
+    (0.2); a turn with neither (the assistant alone) gets half the ask's part."""
+    asked = turn.user_message is not None or any(m.role == "system" for m in turn.messages)
+    ask = 0.6 if asked else 0.3
+    return ask + (0.2 if turn.has_tool_calls else 0.0) + (0.2 if turn.has_error else 0.0)
 
-    Per component rather than a max of message scores, so an error in a tool result still
-    raises a turn whose user ask already scores highest on type; a mean would punish long turns.
-    """
-    type_weight = max((TYPE_WEIGHTS.get(m.role, 0.0) for m in turn.messages), default=0.0)
+
+def turn_importance(turn: Turn, index: int, total: int, referenced: bool = False) -> float:
+    """Importance of turn `index` of `total`, in [0, 1] (the weights of `importance`)."""
     return (
         W_RECENCY * _recency(index, total)
-        + W_TYPE * type_weight
-        + W_TOOL * (1.0 if turn.has_tool_calls else 0.0)
-        + W_ERROR * (1.0 if turn.has_error else 0.0)
+        + W_TYPE * _turn_type(turn)
+        + W_LENGTH * _length(turn.tokens)
+        + W_REFERENCE * (1.0 if referenced else 0.0)
     )
+
+
+def _references(turns: Sequence[Turn]) -> list[bool]:
+    """Whether a later turn mentions one of a turn's id-like tokens (ids, paths, versions)."""
+    later: set[str] = set()
+    out = [False] * len(turns)
+    for i in range(len(turns) - 1, -1, -1):
+        own: set[str] = set()
+        for m in turns[i].messages:
+            if m.role != "tool":  # bulk output is not what people refer back to
+                own.update(_REFERENCE_RE.findall(m.text))
+        out[i] = bool(own & later)
+        later |= own
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,16 +344,19 @@ class TurnScore:
 def score_turns(turns: Sequence[Turn], counter: TokenCounter | None = None) -> list[TurnScore]:
     """A `TurnScore` per turn, in order."""
     out = []
+    referenced = _references(turns)
     for i, turn in enumerate(turns):
         reasons = ["user ask" if turn.user_message is not None else "no user message"]
         if turn.has_tool_calls:
             reasons.append("tool calls")
         if turn.has_error:
             reasons.append("error")
+        if referenced[i]:
+            reasons.append("referenced later")
         out.append(
             TurnScore(
                 index=i,
-                importance=turn_importance(turn, i, len(turns)),
+                importance=turn_importance(turn, i, len(turns), referenced[i]),
                 tokens=turn.count_tokens(counter),
                 first_seq=turn.first_seq,
                 last_seq=turn.last_seq,

@@ -27,7 +27,11 @@ over its domain, a path over the file name at its end. Heuristics, documented wh
   internal suffix (`.internal`, `.local`, `.lan`).
 * paths: absolute ones need two segments, a dotted last segment or a trailing slash (so the bot
   command `/start` is not a path), relative ones a file extension or a trailing slash (so
-  `and/or`, `1/2`, `TCP/IP` are not paths).
+  `and/or`, `1/2`, `TCP/IP` are not paths), or a branch-like shape: 2+ segments, one a word of
+  3+ letters that is not all capitals, the last with a digit (`release/2026.12`,
+  `feature/ABC-123`, `hotfix/v2.4.1`; not `HTTP/2`, `24/7`; the price: `cost/1000` is a path).
+  A relative path led by a host name (`github.com/acme/infra-config`) is a URL without its
+  scheme: kind `url`, kept whole rather than cut down to its host.
 * numbers need 6+ digits, counted without `,` or `_` thousands separators (`1,234,567`).
 * CJK text has no spaces, so a CJK character always ends an identifier (`订单ORD-1042的` yields
   `ORD-1042`); the price is that CJK directory and file names are not recognised.
@@ -485,9 +489,30 @@ def _judge_path(raw: str) -> tuple[str, str] | None:
         last = segs[-1]
         ok = len(segs) >= 2 or value.endswith("/") or ("." in last.strip("."))
         return (value, "path") if ok else None
+    if len(segs) >= 2 and _is_host(segs[0]):
+        return value, "url"  # `github.com/acme/infra-config`: a URL without its scheme
     if _has_ext(segs[-1]) or (value.endswith("/") and len(segs) >= 2):
         return value, "path"
+    if len(segs) >= 2 and _has_digit(segs[-1]) and any(map(_is_branch_word, segs)):
+        return value, "path"  # `release/2026.12`, `feature/ABC-123`, `hotfix/v2.4.1`
     return None
+
+
+def _is_host(name: str) -> bool:
+    """`github.com`, `gitlab.example.org`: 2+ host labels, a known TLD, a letter up front."""
+    labels = name.split(".")
+    return (
+        len(labels) >= 2
+        and labels[-1].lower() in _TLDS
+        and any(c.isalpha() for c in labels[0])
+        and all(_HOST_LABEL_RE.fullmatch(label) for label in labels)
+    )
+
+
+def _is_branch_word(seg: str) -> bool:
+    """`release`, `feature`, `users`: 3+ ASCII letters, not all capitals (`HTTP/2`, `TCP/IPv6`
+    are protocols, not paths)."""
+    return len(seg) >= 3 and seg.isascii() and seg.isalpha() and not seg.isupper()
 
 
 def _judge_windows(raw: str) -> tuple[str, str] | None:
@@ -540,11 +565,7 @@ def _judge_dotted(raw: str) -> tuple[str, str] | None:
         if _JS_FRAMEWORK_RE.fullmatch(raw) or raw in _NOT_FILES:  # Node.js, Vue.js: names
             return None
         return raw, "file"
-    if (
-        last in _TLDS
-        and all(_HOST_LABEL_RE.fullmatch(label) for label in labels)
-        and any(c.isalpha() for c in labels[0])
-    ):
+    if _is_host(raw):
         return raw, "host"
     return None
 

@@ -249,6 +249,10 @@ class QualityReport:
     retries_used: int = 0
     fallback: str | None = None
     secrets_in_summary: int = 0
+    identifiers_in_summary: int = 0
+    """Identifiers verbatim in the summary (the final report; the rest are archived)."""
+    identifiers_archived: int = 0
+    """Identifiers not listed, found by one exact `history_search` lookup instead."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (floats rounded to 4 places)."""

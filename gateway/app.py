@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+from collections.abc import Sequence
 from dataclasses import replace
 
 from channels.base import (
@@ -19,6 +20,7 @@ from gateway.access import AccessPolicy
 from gateway.config import Config
 from gateway.context_setup import ContextResolver
 from gateway.engines import load_engine
+from gateway.history_tools import HistoryTools
 from gateway.leader import Leadership
 from gateway.llm import NOT_CONFIGURED, LLMProvider
 from gateway.maintenance import Maintenance
@@ -36,7 +38,7 @@ from gateway.streaming import Previews
 from gateway.summarizer import make_summary_call, summary_provider
 from gateway.text import clean_inbound, clean_text
 from gateway.tools import ToolRegistry, default_registry
-from memory.index import MemoryIndex
+from memory.index import ArchivedMessage, MemoryIndex
 from memory.workspace import ensure_workspace
 
 log = logging.getLogger(__name__)
@@ -52,12 +54,19 @@ class Gateway:
         self.channels: dict[str, Channel] = {}
         self.resolver = ContextResolver(config, self.llm)
         self.summary_llm = summary_provider(config, self.llm)
-        self.memory_index = MemoryIndex(config.data_dir / "memory-index.db", config.workspace)
+        self.memory_index = MemoryIndex(
+            config.data_dir / "memory-index.db",
+            config.workspace,
+            search_transcripts=config.memory.archive_transcripts,
+        )
         memory = MemoryTools(config.workspace, self.memory_index, config.gateway.timezone)
         self.tools = tools or default_registry()
         memory_only = ToolRegistry()
         for tool in memory.tools():
             memory_only.register(tool)
+            if tool.name not in self.tools.tools:
+                self.tools.register(tool)
+        for tool in HistoryTools(self.memory_index).tools():
             if tool.name not in self.tools.tools:
                 self.tools.register(tool)
         self.runner = Runner(
@@ -100,8 +109,9 @@ class Gateway:
             max_attempts=config.gateway.delivery_attempts,
         )
         self.runner.delivery = self.delivery
-        if config.memory.archive_transcripts:
-            self.runner.archive = self._archive_transcript
+        # Always: history_search must work after every compaction. `archive_transcripts` only
+        # decides whether memory_search may search the archive too (across sessions).
+        self.runner.archive = self._archive
         self._started = False
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -260,8 +270,17 @@ class Gateway:
             )
         )
 
-    async def _archive_transcript(self, key: str, first: int, last: int, text: str) -> None:
-        await asyncio.to_thread(self.memory_index.add_transcript, key, first, last, text)
+    async def _archive(
+        self,
+        key: str,
+        messages: Sequence[ArchivedMessage],
+        identifiers: Sequence[tuple[str, str, Sequence[int]]],
+    ) -> None:
+        def archive() -> None:
+            self.memory_index.archive_messages(key, messages)
+            self.memory_index.archive_identifiers(key, identifiers)
+
+        await asyncio.to_thread(archive)
 
     async def typing(self, platform: str, chat_id: str, thread_id: str | None) -> None:
         channel = self.channels.get(platform)

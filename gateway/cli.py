@@ -485,6 +485,43 @@ def sessions_uncompact(key: Annotated[str, typer.Argument(help="Session key")]) 
     console.print(escape(data["message"]))
 
 
+@sessions_app.command("search")
+def sessions_search(
+    key: Annotated[str, typer.Argument(help="Session key")],
+    query: Annotated[str, typer.Argument(help="An exact identifier, or words")],
+    limit: Annotated[int, typer.Option(min=1, max=20, help="Most hits to show")] = 5,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
+) -> None:
+    """Search a session's compacted messages as its agent's history_search does."""
+    from gateway.history_tools import when
+    from gateway.operations import search_session_history
+
+    setup_logging("ERROR" if state.log_level == "INFO" else state.log_level)
+    config = _config()
+    hits = asyncio.run(search_session_history(config, key, query, limit))
+    if hits is None:
+        err_console.print(f"no session {key!r} (see `gatehouse sessions list`)", highlight=False)
+        raise typer.Exit(1)
+    if as_json:
+        print(json.dumps(hits, indent=2, ensure_ascii=False))
+        return
+    if not hits:
+        console.print("no matches in this session's archived messages")
+        return
+    table = Table(
+        "seq", "time", "role", "via", Column("excerpt", overflow="fold"),
+        title=f"{escape(key)}: {escape(query)}",
+    )
+    for h in hits:
+        seq = str(h["seq"]) if h["last_seq"] is None else f"{h['seq']}-{h['last_seq']}"
+        role = f"{h['role']} {h['name']}" if h["role"] == "tool" and h["name"] else h["role"]
+        table.add_row(
+            seq, when(h["created_at"], config.gateway.timezone), escape(role), h["via"],
+            escape(h["excerpt"]),
+        )
+    console.print(table)
+
+
 @context_app.command("compact")
 def context_compact(
     transcript: Annotated[Path, typer.Argument(help="OpenAI-format JSONL, one message a line")],
@@ -516,12 +553,16 @@ def context_compact(
         console.print(escape(text or ""), highlight=False)
     q = data.get("quality") or {}
     console.rule()
+    archived = data.get("identifiers_archived", 0)
     console.print(
-        f"tokens {data['tokens_before']:,} → {data['tokens_after']:,}; "
-        f"identifiers {len(data['identifiers'])}; "
-        f"quality: {'passed' if q.get('passed') else 'see --json'}"
+        f"tokens {data['tokens_before']:,} → {data['tokens_after']:,} (the prompt above); "
+        f"identifiers {len(data['identifiers'])}"
+        + (f" ({archived:,} archived for history_search)" if archived else "")
+        + f"; quality: {'passed' if q.get('passed') else 'see --json'}"
         + (f"; fallback {q['fallback']}" if q.get("fallback") else "")
     )
+    for note in q.get("notes") or ([data["note"]] if data.get("note") else []):
+        console.print(f"- {escape(note)}", highlight=False)
 
 
 @context_app.command("explain")
@@ -555,6 +596,7 @@ def _print_explain(f: dict[str, Any]) -> None:
         ("token counter", f["counter"], "exact" if f["counter_exact"] else "estimate ×1.2"),
         ("usage calibration", f["calibration"], "provider usage.prompt_tokens"),
         ("history limit", f["history_limit_text"], f["history_limit_source"]),
+        ("", f.get("history_limit_order", ""), ""),
     ]
     facts = Table("setting", "value", "source", title="Resolved limits")
     for name, value, source in rows:
@@ -603,7 +645,11 @@ def _memory_index(config: Config) -> Any:
 
     ensure_workspace(config.workspace)
     config.data_dir.mkdir(parents=True, exist_ok=True)
-    return MemoryIndex(config.data_dir / "memory-index.db", config.workspace)
+    return MemoryIndex(
+        config.data_dir / "memory-index.db",
+        config.workspace,
+        search_transcripts=config.memory.archive_transcripts,
+    )
 
 
 @memory_app.command("ls")

@@ -260,7 +260,14 @@ class ContextSection(_Strict):
         default=0.3, gt=0, le=1, description="one tool result may use this share of the window"
     )
     tool_results_share: float = Field(
-        default=0.3, gt=0, le=1, description="all tool results in a prompt, before old ones trim"
+        default=0.25, gt=0, le=1, description="all tool results in a prompt, before old ones trim"
+    )
+    system_share: float = Field(default=0.05, gt=0, le=1, description="system prompt share")
+    history_share: float = Field(
+        default=0.60, gt=0, le=1, description="verbatim turns kept by compaction"
+    )
+    summary_share: float = Field(
+        default=0.10, gt=0, le=1, description="the most a compaction summary may take"
     )
     keep_recent_tool_results: int = Field(default=3, ge=0)
     # Compaction
@@ -281,6 +288,18 @@ class ContextSection(_Strict):
     max_ineffective_compactions: int = Field(default=2, ge=1)
     overflow_retries: int = Field(default=3, ge=0, le=10)
 
+    @model_validator(mode="after")
+    def _shares_fit(self) -> ContextSection:
+        total = self.system_share + self.history_share + self.tool_results_share + (
+            self.summary_share
+        )
+        if total > 1.0001:
+            raise ValueError(
+                "system_share + history_share + tool_results_share + summary_share is "
+                f"{total:.2f}; the shares of the usable budget must add up to at most 1"
+            )
+        return self
+
     @field_validator("identifier_patterns")
     @classmethod
     def _patterns_compile(cls, value: list[str]) -> list[str]:
@@ -298,7 +317,13 @@ class MemorySection(_Strict):
         default_factory=lambda: ["Session Startup", "Red Lines"]
     )
     archive_transcripts: bool = Field(
-        default=True, description="index compacted messages for memory_search corpus=transcripts"
+        default=True,
+        description=(
+            "let memory_search (the agent's tool, `gatehouse memory search`, the admin memory "
+            "page) search compacted messages of every session with corpus=transcripts; when "
+            "false that corpus finds nothing. Compacted messages and their identifiers are "
+            "archived either way: history_search (confined to the asking session) always works"
+        ),
     )
 
 

@@ -57,6 +57,9 @@ def budget_settings(config: Config) -> BudgetSettings:
         max_output_tokens=config.context.max_output_tokens,
         flush_soft_tokens=config.memory.flush_soft_tokens,
         tool_results_share=config.context.tool_results_share,
+        system_share=config.context.system_share,
+        history_share=config.context.history_share,
+        summary_share=config.context.summary_share,
     )
 
 

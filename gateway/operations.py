@@ -1,6 +1,7 @@
 """Operations on sessions that the CLI and the admin UI share, so each has one home: list
 sessions with their token pressure, show a session, explain its limits, compact it, undo a
-compaction, compact a transcript file, export and import sessions.
+compaction, compact a transcript file, export and import sessions, search a session's
+archived (compacted) messages.
 
 Each operation takes an open `Gateway` (the admin UI passes the live one); the `*_session`
 wrappers open a gateway from a config for one CLI command.
@@ -8,16 +9,17 @@ wrappers open a gateway from a config for one CLI command.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from context.budget import make_budget
 from context.compaction import CompactionResult
-from context.engine import TurnContext, summary_message
+from context.engine import TurnContext
 from context.types import Message
 from context.window import WindowResolution
 from gateway.app import Gateway
@@ -76,10 +78,13 @@ def result_json(
         }
     return {
         "messages": [m.to_openai() for m in prompt],
+        "committed": result.committed,
         "summary": result.summary,
         "tokens_before": result.tokens_before,
         "tokens_after": result.tokens_after,
         "identifiers": [i.value for i in result.identifiers],
+        "identifiers_in_summary": result.identifiers_in_summary,
+        "identifiers_archived": len(result.identifiers) - result.identifiers_in_summary,
         "quality": {
             **result.quality.to_dict(),
             "model_identifier_retention": result.model_identifier_retention,
@@ -112,21 +117,29 @@ async def compact_transcript(
             window=resolved,
             compaction=runner.compaction_settings(resolved.tokens),
         )
+        # The same system prompt (with AGENTS.md's red lines), refresh block and tool schemas
+        # as a live turn: what is printed is what the next model call would carry.
+        base_prompt = system[0].text if system else config.gateway.system_prompt
+        red_lines = runner.agents.red_lines()
         turn = TurnContext(
             session_key="transcript",
-            system_prompt=system[0].text if system else config.gateway.system_prompt,
+            system_prompt=f"{base_prompt}\n\n{red_lines}" if red_lines else base_prompt,
             history=body,
             incoming=[],
             model=gateway.llm.model,
-            settings=settings,
+            settings=replace(settings, tools_tokens=runner.tools_tokens()),
+            compaction_refresh=runner.refresh_block(),
         )
-        tokens_before = counter.count_messages(body)
         result = await gateway.engine.compact(turn, runner.summarize)
-        head = [Message(role="system", content=turn.system_prompt)]
         if result is None or not result.committed:
-            return result_json(result, [*head, *body], tokens_before)
-        prompt = [*head, summary_message(result.summary), *result.kept]
-        return result_json(result, prompt, tokens_before)
+            plan = gateway.engine.assemble(turn)
+            before = int(plan.facts.get("tokens", {}).get("calibrated_total", 0)) or (
+                counter.count_messages(body)
+            )
+            out = result_json(result, plan.messages, before)
+            out["tokens_after"] = int(plan.facts.get("tokens", {}).get("prompt", 0)) or before
+            return out
+        return result_json(result, list(result.prompt), result.tokens_before)
     finally:
         await gateway.close()
 
@@ -300,6 +313,9 @@ async def explain(
         last_reported_prompt_tokens=session.last_prompt_tokens,
         calibration=gateway.resolver.calibration(session_key, session.token_ratio).describe(),
         history_limit_text="unlimited" if limit.unlimited else f"last {limit.limit:,} user turns",
+        history_limit_order=(
+            "applied before compaction: turns outside the limit are neither sent nor summarized"
+        ),
         notes=list(plan.notes),
         window_too_small=settings.window.too_small,
         automatic_compaction=compaction_blocked_reason(
@@ -500,3 +516,22 @@ async def import_session(
 ) -> dict[str, Any]:
     async with opened(config) as gateway:
         return await import_messages(gateway, path, key, progress)
+
+
+async def search_history(
+    gateway: Gateway, key: str, query: str, limit: int = 5
+) -> list[dict[str, Any]] | None:
+    """`history_search` as the agent would run it in session `key` (its archived, compacted
+    messages only); None when there is no such session."""
+    row = await gateway.store.get_session(key)
+    if row is None:
+        return None
+    hits = await asyncio.to_thread(gateway.memory_index.history_search, key, query, limit)
+    return [asdict(h) for h in hits]
+
+
+async def search_session_history(
+    config: Config, key: str, query: str, limit: int = 5
+) -> list[dict[str, Any]] | None:
+    async with opened(config) as gateway:
+        return await search_history(gateway, key, query, limit)

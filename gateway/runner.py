@@ -22,13 +22,13 @@ from typing import Any
 
 from channels.base import OutboundMessage
 from context.compaction import (
+    ARCHIVE_TOOL,
     CompactionResult,
     CompactionSettings,
     SummaryCall,
-    render_transcript,
 )
 from context.engine import ContextEngine, ContextPlan, ContextSettings, TurnContext
-from context.identifiers import redact_secrets
+from context.identifiers import extract_identifiers, redact_secrets
 from context.pruning import cap_tool_output, tool_result_cap_chars
 from context.types import Message
 from context.window import WindowTooSmallError
@@ -51,13 +51,23 @@ from gateway.store.hot import build
 from gateway.streaming import PreviewStream
 from gateway.tools import ToolContext, ToolRegistry
 from memory.agents_md import AgentsFile
+from memory.index import ArchivedMessage
 
 log = logging.getLogger(__name__)
 
 Typing = Callable[[str, str, str | None], Awaitable[None]]
-Archive = Callable[[str, int, int, str], Awaitable[None]]
-"""(session key, first seq, last seq, transcript text): keeps compacted text searchable."""
+Archive = Callable[
+    [str, Sequence[ArchivedMessage], Sequence[tuple[str, str, Sequence[int]]]], Awaitable[None]
+]
+"""(session key, the messages leaving the prompt with secrets redacted, their identifiers as
+(value, kind, seqs)): keeps every compacted message one lookup away (`history_search`)."""
 TYPING_REFRESH_SECONDS = 5.0
+HISTORY_HINT = (
+    f"Earlier messages of this conversation are archived, not deleted: call {ARCHIVE_TOOL} with "
+    "an exact identifier (an id, path, URL, host) or a few words to read them, with their seq "
+    "and time. The summary lists the most salient identifiers and says how many more are "
+    "archived."
+)
 
 ERROR_STATUS = "error"
 COMMAND_STATUS = "command"
@@ -162,7 +172,9 @@ class Runner:
         self.last_plan: dict[str, ContextPlan] = {}
         self.history_cache_sessions = 256
         self._histories: dict[int, _Cached] = {}
-        self._specs_cache: tuple[tuple[str, ...], list[dict[str, Any]], int] | None = None
+        self._specs_cache: (
+            tuple[tuple[str, ...], list[dict[str, Any]], int, list[dict[str, Any]]] | None
+        ) = None
         self._compaction_settings: tuple[tuple[int, str], CompactionSettings] | None = None
 
     # -- a turn -----------------------------------------------------------------------------
@@ -319,7 +331,9 @@ class Runner:
             _note_pressure(stats, plan)
             try:
                 completion = await self.llm.complete(
-                    plan.messages, tool_specs, on_text=preview.update if preview else None
+                    plan.messages,
+                    tool_specs if view.summary is not None else self._tool_specs()[2],
+                    on_text=preview.update if preview else None,
                 )
                 if turn.refresh and view.summary is not None and view.summary.id is not None:
                     await self.store.mark_refreshed(view.summary.id)
@@ -355,12 +369,18 @@ class Runner:
             stats.tool_rounds += 1
             round_messages = [message]
             for call in message.tool_calls:
-                result_text = (await self.tools.call(call.name, call.arguments, ctx)).content
+                tool_result = await self.tools.call(call.name, call.arguments, ctx)
                 content = await self._cap_tool_output(
-                    result_text, call.name, call.id, settings.window.tokens
+                    tool_result.content, call.name, call.id, settings.window.tokens
                 )
                 round_messages.append(
-                    Message(role="tool", content=content, tool_call_id=call.id, name=call.name)
+                    Message(
+                        role="tool",
+                        content=content,
+                        tool_call_id=call.id,
+                        name=call.name,
+                        meta={"tool_error": tool_result.is_error},
+                    )
                 )
             round_messages = self.resolver.counter.ensure_counted(round_messages)
             rows = await self.store.append_messages(session.id, round_messages)
@@ -379,13 +399,15 @@ class Runner:
         history = view.history
         split = bisect.bisect_left(history, first_seq, key=lambda m: m.seq or 0)
         summary = view.summary
+        after_compaction = self.refresh_block()
         refresh = None
         if summary is not None and not summary.refreshed:
-            refresh = self.agents.refresh_block(self.config.memory.post_compaction_sections)
+            refresh = after_compaction
         return TurnContext(
             session_key=session_key,
             system_prompt=self.system_prompt(),
             refresh=refresh,
+            compaction_refresh=after_compaction,
             history=history[:split],
             incoming=history[split:],
             model=self.llm.model,
@@ -465,14 +487,17 @@ class Runner:
         )
         return replace(settings, compaction=self.compaction_settings(settings.window.tokens))
 
-    def _tool_specs(self) -> tuple[list[dict[str, Any]], int]:
-        """The tools' JSON schemas and their token count, built once per set of tools rather
-        than on every turn."""
+    def _tool_specs(self) -> tuple[list[dict[str, Any]], int, list[dict[str, Any]]]:
+        """The tools' JSON schemas, their token count, and the schemas for a session with
+        nothing compacted yet (without the lookup over compacted messages), built once per set
+        of tools rather than on every turn. The count is of every tool: a budget that holds
+        after a compaction, when the lookup is offered too."""
         names = tuple(self.tools.tools)
         if self._specs_cache is None or self._specs_cache[0] != names:
             specs = self.tools.specs()
-            self._specs_cache = (names, specs, self.resolver.counter.count_tools(specs))
-        return self._specs_cache[1], self._specs_cache[2]
+            fresh = [s for s in specs if s.get("function", {}).get("name") != ARCHIVE_TOOL]
+            self._specs_cache = (names, specs, self.resolver.counter.count_tools(specs), fresh)
+        return self._specs_cache[1], self._specs_cache[2], self._specs_cache[3]
 
     def compaction_settings(self, window: int) -> CompactionSettings:
         rules = self.critical_rules()
@@ -493,6 +518,18 @@ class Runner:
         )
         self._compaction_settings = ((window, rules), made)
         return made
+
+    def tools_tokens(self) -> int:
+        """Tokens of every tool schema sent with a call."""
+        return self._tool_specs()[1]
+
+    def refresh_block(self) -> str | None:
+        """The block the first model call after a compaction carries: AGENTS.md's sections and,
+        when the lookup tool is there, how to reach the compacted messages."""
+        block = self.agents.refresh_block(self.config.memory.post_compaction_sections)
+        if ARCHIVE_TOOL not in self.tools.tools:
+            return block
+        return f"{block}\n\n{HISTORY_HINT}" if block else HISTORY_HINT
 
     def critical_rules(self) -> str:
         """AGENTS.md's configured sections (default "Session Startup" and "Red Lines")."""
@@ -650,7 +687,8 @@ class Runner:
         self._histories.pop(session.id, None)
         if result.last_seq is not None:
             await self._archive_covered(
-                session_key, [*turn.history, *turn.incoming], result.last_seq
+                session_key, [*turn.history, *turn.incoming], result.last_seq,
+                getattr(result, "ranked_identifiers", ()),
             )
         log.info(
             "compaction %s (%s): seq %s-%s, %d -> %d tokens, fallback=%s, quality passed=%s",
@@ -660,23 +698,63 @@ class Runner:
         return result
 
     async def _archive_covered(
-        self, session_key: str, messages: Sequence[Message], last_seq: int
+        self,
+        session_key: str,
+        messages: Sequence[Message],
+        last_seq: int,
+        ranked: Sequence[Any] = (),
     ) -> None:
-        """Keep the text of messages leaving the prompt searchable (memory_search transcripts).
+        """Archive the messages leaving the prompt, one by one, with their identifiers, so
+        `history_search` finds each of them again (and memory_search's transcripts corpus).
 
-        Secrets are redacted as in summaries: a search hit goes back into a prompt, and the
-        index is a copy (the messages themselves stay whole in the database).
+        `ranked` is the compaction's `ranked_identifiers` (each with `.identifier` and `.seqs`);
+        without it (a reset) the identifiers are extracted from the archived texts. Secrets are
+        redacted as in summaries: a hit goes back into a prompt, and the archive is a copy (the
+        messages themselves stay whole in the database); a secret is never an identifier here.
         """
         if self.archive is None:
             return
         covered = [m for m in messages if m.seq is not None and m.seq <= last_seq]
-        text = redact_secrets(render_transcript(covered, 0)[0])[0]
-        if not text:
+        if not covered:
             return
+        patterns = list(self.config.context.identifier_patterns)
+
+        def prepare() -> tuple[list[ArchivedMessage], list[tuple[str, str, list[int]]]]:
+            archived: list[ArchivedMessage] = []
+            for m in covered:
+                assert m.seq is not None
+                body = "\n".join(
+                    [m.text, *(f"→ {c.name}({c.arguments})" for c in m.tool_calls)]
+                ).strip()
+                created = m.meta.get("created_at")
+                if isinstance(created, datetime):
+                    created = created.isoformat(timespec="seconds")
+                archived.append(
+                    ArchivedMessage(
+                        m.seq, m.role, redact_secrets(body)[0],
+                        created if isinstance(created, str) else None, m.name,
+                    )
+                )
+            found: dict[tuple[str, str], set[int]] = {}
+            for item in ranked:
+                ident = getattr(item, "identifier", None)
+                if ident is None or getattr(ident, "secret", False):
+                    continue
+                seqs = {int(s) for s in getattr(item, "seqs", ()) if int(s) <= last_seq}
+                if seqs:
+                    found.setdefault((str(ident.value), str(ident.kind)), set()).update(seqs)
+            if not ranked:
+                for a in archived:
+                    for ident in extract_identifiers([a.text], custom_patterns=patterns):
+                        if not ident.secret:
+                            found.setdefault((ident.value, ident.kind), set()).add(a.seq)
+            return archived, [(v, k, sorted(seqs)) for (v, k), seqs in found.items()]
+
         try:
-            await self.archive(session_key, covered[0].seq or 0, last_seq, text)
+            archived, identifiers = await asyncio.to_thread(prepare)
+            await self.archive(session_key, archived, identifiers)
         except Exception:
-            log.exception("could not archive the transcript of %s", session_key)
+            log.exception("could not archive the compacted messages of %s", session_key)
 
     async def reset_session(
         self, session_key: str, why: str, *, flush: bool = True

@@ -15,6 +15,18 @@ disappears, so hand edits by people are picked up without a full rebuild. The op
 transcripts corpus is not derived from files (archived session transcripts are added by the
 gateway), so `reindex()` leaves it alone.
 
+The same file keeps each session's history archive: the messages a compaction (or a reset) took
+out of the prompt, one row per message (`archive_messages`, secrets already redacted by the
+gateway), and the identifiers found in them with the seqs they appear in
+(`archive_identifiers`). `history_search` answers from that session's archive only: an exact
+identifier first, then words by BM25. The message rows are also the transcripts corpus of
+`search()` (which spans every session), unless the index is opened with
+`search_transcripts=False`.
+
+Schema changes are additive (`CREATE TABLE IF NOT EXISTS`, an `ALTER TABLE ADD COLUMN` guarded
+by `PRAGMA table_info`) and `user_version` stays 1: an older gatehouse treats any other version
+as "rebuild" and drops every table, transcripts included, which cannot be derived again.
+
 Synchronous on purpose: the gateway calls it through `asyncio.to_thread`; one connection guarded
 by a lock serves those worker threads.
 """
@@ -65,6 +77,11 @@ _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrst
 _HEADING = re.compile(r"^#{1,6}\s")
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _EDGE_PUNCT = "\"'`“”‘’«»„,.;:!?()[]{}<>，。；：！？、（）「」『』【】《》"
+_QUOTES = " \t\r\n\"'`“”‘’«»„"
+_QUERY_PIECES = re.compile(f"\\s+|{_CJK}+")
+"""Where a query splits into identifier candidates: CJK text has no spaces (`订单ORD-1042的`)."""
+HISTORY_LIMIT = 20
+HISTORY_EXCERPT_CHARS = 300
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files(
@@ -97,8 +114,21 @@ CREATE INDEX IF NOT EXISTS transcripts_by_range ON transcripts(session_key, firs
 CREATE VIRTUAL TABLE IF NOT EXISTS transcripts_fts USING fts5(
     body, short, content='transcripts', content_rowid='id', tokenize='trigram'
 );
+CREATE TABLE IF NOT EXISTS history_identifiers(
+    session_key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    folded TEXT NOT NULL,
+    PRIMARY KEY (session_key, value, seq)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS history_identifiers_folded ON history_identifiers(session_key, folded);
 """
-_TABLES = ("chunks_fts", "chunks", "files", "transcripts_fts", "transcripts")
+_MESSAGE_COLUMNS = (("role", "TEXT"), ("created_at", "TEXT"), ("name", "TEXT"))
+"""Added to `transcripts` for per-message rows (first_seq = last_seq = the message's seq); a row
+with role NULL is a whole range from `add_transcript` (how index files before them archived)."""
+_DERIVED_TABLES = ("chunks_fts", "chunks", "files")
+"""What an unknown layout may rebuild from the files. Never the transcripts or identifiers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,13 +152,51 @@ class Hit:
     snippet: str
     score: float
     all_terms: bool  # False: matched only some query terms (listed after full matches)
+    role: str | None = None  # an archived message's role (None: notes, or an archived range)
 
     @property
     def location(self) -> str:
         """How the tool result cites the hit (`memory_get` takes the notes form)."""
         if self.corpus == "transcripts":
+            if self.start_line == self.end_line:
+                return f"transcript {self.path} #{self.start_line}" + (
+                    f" ({self.role})" if self.role else ""
+                )
             return f"transcript {self.path} #{self.start_line}-{self.end_line}"
         return f"{self.path}:{self.start_line}-{self.end_line}"
+
+
+@dataclass(frozen=True, slots=True)
+class ArchivedMessage:
+    """One message a compaction or reset took out of the prompt, as `history_search` keeps it.
+
+    `text` is what is searchable (the gateway redacts secrets before archiving); `created_at`
+    is an ISO timestamp when known; `name` is a tool result's tool."""
+
+    seq: int
+    role: str
+    text: str
+    created_at: str | None
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryHit:
+    """One `history_search` result: an archived message of the searched session.
+
+    `via` says how it was found: "identifier" (an exact identifier lookup; score 1.0, or 0.5
+    for a case-insensitive match) or "words" (BM25, higher-better). Scores compare only within
+    one `via`. A range archived before per-message archiving has role "transcript", `seq` its
+    first seq and `last_seq` its last."""
+
+    seq: int
+    role: str
+    created_at: str | None
+    excerpt: str
+    via: Literal["identifier", "words"]
+    score: float
+    name: str | None = None
+    last_seq: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,6 +348,54 @@ def _fts_term(term: str) -> str | None:
     return None
 
 
+def centred_excerpt(text: str, needles: Sequence[str], width: int = HISTORY_EXCERPT_CHARS) -> str:
+    """About `width` characters centred on the first of `needles` found (tried in order, exact
+    case then any case), on one line; the start of `text` when none is found."""
+    at, size = -1, 0
+    for needle in needles:
+        if not needle:
+            continue
+        at = text.find(needle)
+        if at < 0:
+            at = text.lower().find(needle.lower())
+        if at >= 0:
+            size = len(needle)
+            break
+    begin = 0 if at < 0 else max(0, at + size // 2 - width // 2)
+    end = min(len(text), begin + width)
+    begin = max(0, end - width)
+    piece = " ".join(text[begin:end].split())
+    return ("…" if begin > 0 else "") + piece + ("…" if end < len(text) else "")
+
+
+def message_chunks(text: str, max_chars: int = CHUNK_CHARS) -> list[str]:
+    """An archived message as searchable pieces: whole when it fits, else by paragraph, line,
+    then characters (headings do not split a message, unlike a note)."""
+    if not text.strip():
+        return []
+    if len(text) <= max_chars:
+        return [text]
+    lines = split_lines(text)
+    return [chunk.text for chunk in _pack(lines, 0, len(lines), max_chars)]
+
+
+def _identifier_candidates(query: str) -> list[str]:
+    """The query itself, then its pieces, as exact identifiers could be typed: stripped of
+    quotes and backticks (pieces also of edge punctuation, as in "what failed on ORD-88123?")."""
+    out: list[str] = []
+    whole = query.strip(_QUOTES)
+    for candidate in (whole, *(
+        variant
+        for piece in _QUERY_PIECES.split(whole)
+        for variant in (piece.strip(_QUOTES), piece.strip(_EDGE_PUNCT + _QUOTES))
+    )):
+        if candidate and candidate not in out:
+            out.append(candidate[:1_000])
+        if len(out) > MAX_TERMS:
+            break
+    return out
+
+
 def make_snippet(text: str, terms: Sequence[str], width: int = SNIPPET_CHARS) -> str:
     """About `width` characters around the first matching term, on one line."""
     folded = text.lower()
@@ -305,9 +421,13 @@ class MemoryIndex:
         *,
         suffixes: Sequence[str] = (".md",),
         exclude_dirs: Sequence[str] = ("artifacts",),
+        search_transcripts: bool = True,
     ) -> None:
         self.db_path = db_path
         self.workspace = workspace
+        self.search_transcripts = search_transcripts
+        """False: `search()` leaves the archived messages out (corpus "transcripts" finds
+        nothing, "all" means the notes); `history_search` is not affected."""
         self._suffixes = tuple(suffixes)
         self._exclude = tuple(exclude_dirs)
         self._lock = threading.RLock()
@@ -334,9 +454,13 @@ class MemoryIndex:
             ) from exc
         version = int(conn.execute("PRAGMA user_version").fetchone()[0])
         if version not in (0, SCHEMA_VERSION):
-            for table in _TABLES:  # derived data from an older layout: rebuild
+            for table in _DERIVED_TABLES:  # derived data from another layout: rebuild
                 conn.execute(f"DROP TABLE IF EXISTS {table}")
         conn.executescript(_SCHEMA)
+        have = {str(row[1]) for row in conn.execute("PRAGMA table_info(transcripts)")}
+        for column, kind in _MESSAGE_COLUMNS:
+            if column not in have:  # an index file from before per-message archiving
+                conn.execute(f"ALTER TABLE transcripts ADD COLUMN {column} {kind}")
         conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def close(self) -> None:
@@ -470,7 +594,8 @@ class MemoryIndex:
     # ---- transcripts corpus -------------------------------------------------------------
 
     def add_transcript(self, session_key: str, first_seq: int, last_seq: int, text: str) -> int:
-        """Index archived messages `first_seq`..`last_seq` of a session; return chunks written.
+        """Index archived messages `first_seq`..`last_seq` of a session as one rendered range;
+        return chunks written. (The gateway now archives per message: `archive_messages`.)
 
         Adding the same range again replaces it, so re-archiving is harmless.
         """
@@ -479,7 +604,7 @@ class MemoryIndex:
         chunks = chunk_markdown(text)
         key = (session_key, first_seq, last_seq)
         with self._lock, self._transaction() as conn:
-            where = "session_key = ? AND first_seq = ? AND last_seq = ?"
+            where = "session_key = ? AND first_seq = ? AND last_seq = ? AND role IS NULL"
             conn.execute(
                 "INSERT INTO transcripts_fts(transcripts_fts, rowid, body, short) "
                 f"SELECT 'delete', id, body, short FROM transcripts WHERE {where}",
@@ -498,6 +623,199 @@ class MemoryIndex:
             )
         return len(chunks)
 
+    # ---- history archive ----------------------------------------------------------------
+
+    def archive_messages(self, session_key: str, messages: Sequence[ArchivedMessage]) -> int:
+        """Archive messages of a session, one searchable row per message (a long one in chunks
+        that share its seq); return the rows written.
+
+        A message archived again replaces its rows, so re-archiving is idempotent. A range
+        archived whole by `add_transcript` that lies inside the seqs archived here is dropped:
+        these rows supersede it.
+        """
+        if not messages:
+            return 0
+        latest: dict[int, ArchivedMessage] = {m.seq: m for m in messages}
+        rows = [
+            (session_key, m.seq, m.seq, chunk, short_tokens(chunk), m.role, m.created_at, m.name)
+            for m in latest.values()
+            for chunk in message_chunks(m.text)
+        ]
+        seqs = [(session_key, seq, seq) for seq in latest]
+        low, high = min(latest), max(latest)
+        with self._lock, self._transaction() as conn:
+            one = "session_key = ? AND first_seq = ? AND last_seq = ? AND role IS NOT NULL"
+            conn.executemany(
+                "INSERT INTO transcripts_fts(transcripts_fts, rowid, body, short) "
+                f"SELECT 'delete', id, body, short FROM transcripts WHERE {one}",
+                seqs,
+            )
+            conn.executemany(f"DELETE FROM transcripts WHERE {one}", seqs)
+            inside = "session_key = ? AND role IS NULL AND first_seq >= ? AND last_seq <= ?"
+            conn.execute(
+                "INSERT INTO transcripts_fts(transcripts_fts, rowid, body, short) "
+                f"SELECT 'delete', id, body, short FROM transcripts WHERE {inside}",
+                (session_key, low, high),
+            )
+            conn.execute(f"DELETE FROM transcripts WHERE {inside}", (session_key, low, high))
+            written: list[tuple[int, str, str]] = []
+            for row in rows:
+                cursor = conn.execute(
+                    "INSERT INTO transcripts(session_key, first_seq, last_seq, body, short, role, "
+                    "created_at, name) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    row,
+                )
+                written.append((int(cursor.lastrowid or 0), row[3], row[4]))
+            conn.executemany(
+                "INSERT INTO transcripts_fts(rowid, body, short) VALUES (?, ?, ?)", written
+            )
+        return len(rows)
+
+    def archive_identifiers(
+        self, session_key: str, items: Sequence[tuple[str, str, Sequence[int]]]
+    ) -> int:
+        """Record (value, kind, seqs): the identifier `value` appears in those messages of the
+        session. Unique per (session, value, seq), so recording again is harmless (the latest
+        kind wins). Returns the (value, seq) pairs given."""
+        rows = [
+            (session_key, value, int(seq), kind, value.lower())
+            for value, kind, seqs in items
+            if value
+            for seq in seqs
+        ]
+        if not rows:
+            return 0
+        with self._lock, self._transaction() as conn:
+            conn.executemany(
+                "INSERT INTO history_identifiers(session_key, value, seq, kind, folded) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT(session_key, value, seq) "
+                "DO UPDATE SET kind = excluded.kind",
+                rows,
+            )
+        return len(rows)
+
+    def history_search(self, session_key: str, query: str, limit: int = 5) -> list[HistoryHit]:
+        """The archived messages of `session_key` (and no other session) that answer `query`.
+
+        First exact identifiers: the whole query (without surrounding quotes or backticks), or
+        else the pieces of it, that equal an identifier archived for the session, in exact case
+        or, failing that, any case: the messages it appears in, newest first, with an excerpt
+        centred on it. Then words: BM25 over the session's archived messages (every term
+        first, then some), with an excerpt around the longest term found. One hit per seq, at
+        most `limit` (capped at 20).
+        """
+        limit = max(1, min(int(limit), HISTORY_LIMIT))
+        hits: list[HistoryHit] = []
+        seen: set[int] = set()
+        with self._lock:
+            for value, seq, score in self._identifier_matches(session_key, query):
+                if len(hits) >= limit:
+                    break
+                if seq in seen:
+                    continue
+                hit = self._identifier_hit(session_key, value, seq, score)
+                if hit is not None:
+                    seen.add(seq)
+                    hits.append(hit)
+            terms = query_terms(query)
+            if len(hits) < limit and terms:
+                for hit in self._word_hits(session_key, terms, min(limit * 4, 100)):
+                    if len(hits) >= limit:
+                        break
+                    if hit.seq not in seen:
+                        seen.add(hit.seq)
+                        hits.append(hit)
+        return hits
+
+    def _identifier_matches(self, session_key: str, query: str) -> list[tuple[str, int, float]]:
+        """(value, seq, score) of the identifiers in `query`, newest seq first per identifier.
+
+        The whole query is tried first; only when it is no identifier are its pieces tried."""
+        candidates = _identifier_candidates(query)
+        out: list[tuple[str, int, float]] = []
+        for index, candidate in enumerate(candidates):
+            rows = self._conn.execute(
+                "SELECT value, seq FROM history_identifiers WHERE session_key = ? AND value = ? "
+                "ORDER BY seq DESC",
+                (session_key, candidate),
+            ).fetchall()
+            score = 1.0
+            if not rows:
+                rows = self._conn.execute(
+                    "SELECT value, seq FROM history_identifiers WHERE session_key = ? "
+                    "AND folded = ? ORDER BY seq DESC, value",
+                    (session_key, candidate.lower()),
+                ).fetchall()
+                score = 0.5
+            out.extend((str(value), int(seq), score) for value, seq in rows)
+            if index == 0 and rows:
+                break
+        return out
+
+    def _identifier_hit(
+        self, session_key: str, value: str, seq: int, score: float
+    ) -> HistoryHit | None:
+        """The archived message `seq` (or the archived range holding it), centred on `value`."""
+        rows = self._conn.execute(
+            "SELECT body, role, created_at, name FROM transcripts WHERE session_key = ? "
+            "AND first_seq = ? AND last_seq = ? AND role IS NOT NULL ORDER BY id",
+            (session_key, seq, seq),
+        ).fetchall()
+        if rows:
+            body = next((str(r[0]) for r in rows if value.lower() in str(r[0]).lower()), rows[0][0])
+            role, created_at, name = rows[0][1], rows[0][2], rows[0][3]
+            return HistoryHit(
+                seq, str(role), created_at, centred_excerpt(str(body), [value]), "identifier",
+                score, name,
+            )
+        legacy = self._conn.execute(
+            "SELECT body, first_seq, last_seq FROM transcripts WHERE session_key = ? "
+            "AND role IS NULL AND first_seq <= ? AND last_seq >= ? ORDER BY id",
+            (session_key, seq, seq),
+        ).fetchall()
+        if not legacy:
+            return None  # the message was never archived: nothing to show
+        body = next((str(r[0]) for r in legacy if value.lower() in str(r[0]).lower()), legacy[0][0])
+        return HistoryHit(
+            seq, "transcript", None, centred_excerpt(str(body), [value]), "identifier", score,
+            None, int(legacy[0][2]),
+        )
+
+    def _word_hits(self, session_key: str, terms: list[str], limit: int) -> list[HistoryHit]:
+        ranked = self._rank("transcripts", terms, limit, session_key=session_key)
+        if not ranked:
+            return []
+        ids = [item.rowid for item in ranked]
+        marks = ",".join("?" * len(ids))
+        rows = {
+            int(row[0]): row
+            for row in self._conn.execute(
+                "SELECT id, first_seq, last_seq, body, role, created_at, name FROM transcripts "
+                f"WHERE id IN ({marks}) AND session_key = ?",
+                (*ids, session_key),
+            )
+        }
+        needles = sorted(terms, key=len, reverse=True)
+        hits: list[HistoryHit] = []
+        for item in sorted(ranked, key=lambda r: (r.tier, -r.score)):
+            row = rows.get(item.rowid)
+            if row is None:
+                continue
+            _, first, last, body, role, created_at, name = row
+            hits.append(
+                HistoryHit(
+                    int(first),
+                    "transcript" if role is None else str(role),
+                    created_at,
+                    centred_excerpt(str(body), needles),
+                    "words",
+                    item.score,
+                    name,
+                    None if role is not None or first == last else int(last),
+                )
+            )
+        return hits
+
     # ---- search -------------------------------------------------------------------------
 
     def search(self, query: str, limit: int = 8, corpus: Corpus = "notes") -> list[Hit]:
@@ -511,30 +829,47 @@ class MemoryIndex:
         tables: list[Literal["notes", "transcripts"]] = (
             ["notes", "transcripts"] if corpus == "all" else [corpus]
         )
+        if not self.search_transcripts:
+            tables = [table for table in tables if table != "transcripts"]
         with self._lock:
             ranked = [(table, item) for table in tables for item in self._rank(table, terms, limit)]
             ranked.sort(key=lambda pair: (pair[1].tier, -pair[1].score))
             return self._hits(ranked[:limit], terms)
 
-    def _rank(self, table: str, terms: list[str], limit: int) -> list[_Ranked]:
-        """All-term matches by BM25, then (if too few) any-term matches by BM25."""
+    def _rank(
+        self, table: str, terms: list[str], limit: int, *, session_key: str | None = None
+    ) -> list[_Ranked]:
+        """All-term matches by BM25, then (if too few) any-term matches by BM25.
+
+        With `session_key` (transcripts only), only that session's rows are ranked."""
         parts = [_fts_term(term) for term in terms]
         if None in parts:
-            return self._rank_scan(table, terms, limit)
+            return self._rank_scan(table, terms, limit, session_key=session_key)
         fts = "chunks_fts" if table == "notes" else "transcripts_fts"
         # bm25() in ORDER BY is markedly faster than FTS5's `rank` column here.
-        sql = (
-            f"SELECT rowid, bm25({fts}) AS score FROM {fts} WHERE {fts} MATCH ? "
-            "ORDER BY score LIMIT ?"
-        )
+        if session_key is None:
+            sql = (
+                f"SELECT rowid, bm25({fts}) AS score FROM {fts} WHERE {fts} MATCH ? "
+                "ORDER BY score LIMIT ?"
+            )
+            scope: tuple[str, ...] = ()
+        else:
+            sql = (
+                f"SELECT {fts}.rowid, bm25({fts}) AS score FROM {fts} "
+                f"JOIN transcripts ON transcripts.id = {fts}.rowid "
+                f"WHERE {fts} MATCH ? AND transcripts.session_key = ? ORDER BY score LIMIT ?"
+            )
+            scope = (session_key,)
         exprs = [part for part in parts if part is not None]
         out = [
             _Ranked(0, -float(score), int(rowid))
-            for rowid, score in self._conn.execute(sql, (" AND ".join(exprs), limit))
+            for rowid, score in self._conn.execute(sql, (" AND ".join(exprs), *scope, limit))
         ]
         if len(out) < limit and len(exprs) > 1:
             have = {item.rowid for item in out}
-            for rowid, score in self._conn.execute(sql, (" OR ".join(exprs), limit + len(out))):
+            for rowid, score in self._conn.execute(
+                sql, (" OR ".join(exprs), *scope, limit + len(out))
+            ):
                 if int(rowid) not in have and len(out) < limit:
                     out.append(_Ranked(1, -float(score), int(rowid)))
         return out
@@ -549,7 +884,9 @@ class MemoryIndex:
             self._corpus_stats[table] = (int(count), float(avg or 1.0))
         return self._corpus_stats[table]
 
-    def _rank_scan(self, table: str, terms: list[str], limit: int) -> list[_Ranked]:
+    def _rank_scan(
+        self, table: str, terms: list[str], limit: int, *, session_key: str | None = None
+    ) -> list[_Ranked]:
         """FTS5's BM25 formula by hand over a substring scan, for terms no index can answer.
 
         Case-insensitive for ASCII only, like SQLite's lower(); rare enough not to matter.
@@ -560,10 +897,11 @@ class MemoryIndex:
             f"(length(low) - length(replace(low, ?, ''))) / {len(term)}" for term in folded
         )
         where = " OR ".join("instr(low, ?) > 0" for _ in folded)
+        scope = "" if session_key is None else " WHERE session_key = ?"
         rows = self._conn.execute(
             f"SELECT id, length(low), {counts} FROM "
-            f"(SELECT id, lower(body) AS low FROM {name}) WHERE {where}",
-            (*folded, *folded),
+            f"(SELECT id, lower(body) AS low FROM {name}{scope}) WHERE {where}",
+            (*folded, *(() if session_key is None else (session_key,)), *folded),
         ).fetchall()
         if not rows:
             return []
@@ -590,26 +928,30 @@ class MemoryIndex:
     def _hits(
         self, ranked: list[tuple[Literal["notes", "transcripts"], _Ranked]], terms: list[str]
     ) -> list[Hit]:
-        rows: dict[tuple[str, int], tuple[str, int, int, str]] = {}
+        rows: dict[tuple[str, int], tuple[str, int, int, str, str | None]] = {}
         for table in ("notes", "transcripts"):
             ids = [item.rowid for name, item in ranked if name == table]
             if not ids:
                 continue
             marks = ",".join("?" * len(ids))
             sql = (
-                f"SELECT id, path, start_line, end_line, body FROM chunks WHERE id IN ({marks})"
+                "SELECT id, path, start_line, end_line, body, NULL FROM chunks "
+                f"WHERE id IN ({marks})"
                 if table == "notes"
-                else "SELECT id, session_key, first_seq, last_seq, body FROM transcripts "
+                else "SELECT id, session_key, first_seq, last_seq, body, role FROM transcripts "
                 f"WHERE id IN ({marks})"
             )
             for row in self._conn.execute(sql, ids):
-                rows[(table, int(row[0]))] = (str(row[1]), int(row[2]), int(row[3]), str(row[4]))
+                rows[(table, int(row[0]))] = (
+                    str(row[1]), int(row[2]), int(row[3]), str(row[4]),
+                    None if row[5] is None else str(row[5]),
+                )
         hits: list[Hit] = []
         for table, item in ranked:
             found = rows.get((table, item.rowid))
             if found is None:
                 continue
-            path, start, end, text = found
+            path, start, end, text, role = found
             snippet = make_snippet(text, terms)
-            hits.append(Hit(table, path, start, end, snippet, item.score, item.tier == 0))
+            hits.append(Hit(table, path, start, end, snippet, item.score, item.tier == 0, role))
         return hits

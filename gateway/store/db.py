@@ -40,7 +40,7 @@ from sqlmodel import Session, col, select
 
 from channels.base import InboundMessage, OutboundMessage
 from context.types import Message, ToolCall
-from gateway.store.hot import Dialect, HotPath
+from gateway.store.hot import Dialect, HotPath, message_meta
 from gateway.store.models import (
     CompactionRow,
     MemoryFlushRow,
@@ -127,7 +127,7 @@ def row_to_message(row: MessageRow) -> Message:
         name=row.name,
         seq=row.seq,
         tokens=row.tokens,
-        meta={"id": row.id, "sender_id": row.sender_id, "status": row.status},
+        meta=message_meta(row.id, row.sender_id, row.status, row.tool_error, row.created_at),
     )
 
 
@@ -604,6 +604,7 @@ class Store:
 
     @staticmethod
     def _reply_values(session_id: int, seq: int, m: Message, status: str | None) -> dict[str, Any]:
+        tool_error = m.meta.get("tool_error") if m.role == "tool" else None
         return {
             "session_id": session_id,
             "seq": seq,
@@ -614,6 +615,7 @@ class Store:
             "name": m.name,
             "tokens": m.tokens,
             "status": status,
+            "tool_error": None if tool_error is None else bool(tool_error),
         }
 
     async def append_messages(

@@ -44,7 +44,7 @@ R = TypeVar("R", bound=SQLModel)
 _DATETIMES = frozenset(
     {"created_at", "updated_at", "compaction_cooldown_until", "expires_at", "decided_at"}
 )
-_BOOLEANS = frozenset({"handled", "undone", "refreshed"})
+_BOOLEANS = frozenset({"handled", "undone", "refreshed", "tool_error"})
 _JSON = frozenset({"content", "tool_calls", "quality"})
 
 
@@ -373,5 +373,26 @@ class HotPath:
             name=r["name"],
             seq=r["seq"],
             tokens=r["tokens"],
-            meta={"id": r["id"], "sender_id": r["sender_id"], "status": r["status"]},
+            meta=message_meta(
+                r["id"], r["sender_id"], r["status"], r["tool_error"],
+                self.d.load_time(r["created_at"]),
+            ),
         )
+
+
+def message_meta(
+    row_id: int | None,
+    sender_id: str | None,
+    status: str | None,
+    tool_error: Any,
+    created_at: datetime | None,
+) -> dict[str, Any]:
+    """A stored message's `Message.meta`, the same on every read path: its row id, sender and
+    status; `tool_error` (a tool result's own flag) when stored; `created_at` (ISO 8601, UTC)."""
+    meta: dict[str, Any] = {"id": row_id, "sender_id": sender_id, "status": status}
+    if tool_error is not None:
+        meta["tool_error"] = bool(tool_error)
+    if created_at is not None:
+        aware = created_at if created_at.tzinfo is not None else created_at.replace(tzinfo=UTC)
+        meta["created_at"] = aware.astimezone(UTC).isoformat()
+    return meta

@@ -75,6 +75,9 @@ class MessageRow(SQLModel, table=True):
     handled: bool = True
     # "interrupted" when a shutdown stopped the turn; "error" for a failed turn's notice.
     status: str | None = None
+    # A tool result's own error flag (the registry's `ToolResult.is_error`); None for other
+    # roles and for results stored before the flag was (see `context.failures`).
+    tool_error: bool | None = None
 
 
 class CompactionRow(SQLModel, table=True):

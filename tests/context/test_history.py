@@ -288,7 +288,10 @@ def test_message_importance_ordering() -> None:
     assert importance(a, 9, 10) > importance(a, 0, 10)
     assert importance(t_err, 5, 10) > importance(t_ok, 5, 10)
     assert importance(call("c"), 5, 10) > importance(a, 5, 10)
-    assert importance(u, 0, 1) == pytest.approx(0.3 + 0.4)
+    # recency 0.3 + type 0.4 (a user ask) + length 0.2 * (1 - 10/2000), not referenced
+    assert importance(u, 0, 1) == pytest.approx(0.3 + 0.4 + 0.2 * (1 - 10 / 2000))
+    assert importance(u, 0, 1, referenced=True) == pytest.approx(importance(u, 0, 1) + 0.1)
+    assert importance(user("x", tokens=5_000), 5, 10) < importance(user("x"), 5, 10)
     top = Message(role="assistant", content="Traceback", tool_calls=(ToolCall("x", "f"),))
     assert 0.0 <= importance(top, 0, 1) <= 1.0
 
@@ -302,7 +305,22 @@ def test_turn_importance_favours_asks_errors_and_recency() -> None:
     assert turn_importance(working, 0, 5) > turn_importance(plain, 0, 5)
     assert turn_importance(plain, 0, 5) > turn_importance(no_ask, 0, 5)
     assert turn_importance(plain, 4, 5) > turn_importance(plain, 0, 5)
-    assert turn_importance(failing, 4, 5) == pytest.approx(1.0)
+    # a failing turn: recency 0.3 + type 0.4 + length 0.2 * (1 - 40/2000) (+ 0.1 if referenced)
+    assert turn_importance(failing, 4, 5) == pytest.approx(0.3 + 0.4 + 0.2 * (1 - 40 / 2000))
+    assert turn_importance(failing, 4, 5, referenced=True) == pytest.approx(
+        turn_importance(failing, 4, 5) + 0.1
+    )
+
+
+def test_a_turn_referred_to_later_scores_higher() -> None:
+    turns = [
+        Turn((user("deploy ORD-88123 please"), reply())),
+        Turn((user("what time is it"), reply())),
+        Turn((user("did ORD-88123 go out?"), reply())),
+    ]
+    scores = score_turns(turns)
+    assert "referenced later" in scores[0].reasons
+    assert "referenced later" not in scores[1].reasons
 
 
 @given(st.integers(0, 50), st.integers(1, 50))
@@ -314,14 +332,16 @@ def test_importance_in_unit_range(index: int, total: int) -> None:
 
 def test_choose_turns_to_drop_least_important_first_and_protects_recent() -> None:
     turns = [
-        Turn((user(tokens=100), call("c1"), result("c1", "exit code 1", tokens=500))),  # error
+        Turn((user(tokens=100), call("c1"), result("c1", "exit code 1", tokens=1_500))),  # error
         Turn((user(tokens=100), reply(tokens=100))),  # plain
         Turn((user(tokens=100), reply(tokens=100))),  # plain, newer
         Turn((user(tokens=100), reply(tokens=100))),  # protected
     ]
-    assert choose_turns_to_drop(turns, 150, protect_last=1) == [1]
-    assert choose_turns_to_drop(turns, 350, protect_last=1) == [1, 2]
-    assert choose_turns_to_drop(turns, 10_000, protect_last=1) == [1, 2, 0]
+    # importance: 0 = 0.4 + 0.2*0.2 = 0.44 (a failure, but 1,610 tokens of bulk);
+    # 1 = 0.1 + 0.24 + 0.18 = 0.52; 2 = 0.2 + 0.24 + 0.18 = 0.62
+    assert choose_turns_to_drop(turns, 1_000, protect_last=1) == [0]
+    assert choose_turns_to_drop(turns, 1_700, protect_last=1) == [0, 1]
+    assert choose_turns_to_drop(turns, 10_000, protect_last=1) == [0, 1, 2]
     assert choose_turns_to_drop(turns, 10_000, protect_last=4) == []
     assert choose_turns_to_drop(turns, 0, protect_last=0) == []
 
@@ -329,11 +349,12 @@ def test_choose_turns_to_drop_least_important_first_and_protects_recent() -> Non
 def test_choose_turns_ties_break_oldest_first() -> None:
     plain = Turn((user(tokens=10), reply(tokens=10)))
     failed = Turn((user(tokens=10), reply("it failed", tokens=10)))
-    # 0.4 + error 0.1 at index 0 == 0.4 + recency 0.3 * 1/3 at index 1
-    turns = [failed, plain, plain, plain]
+    # 0.4 * (0.6 + 0.2 error) at index 0 == 0.4 * 0.6 + recency 0.3 * 4/15 at index 4 of 16
+    turns = [failed, *([plain] * 15)]
     scores = score_turns(turns)
-    assert scores[0].importance == pytest.approx(scores[1].importance)
-    assert choose_turns_to_drop(turns, 30, protect_last=0) == [0, 1]
+    assert scores[0].importance == pytest.approx(scores[4].importance)
+    order = choose_turns_to_drop(turns, 10_000, protect_last=0)
+    assert order.index(0) == order.index(4) - 1
 
 
 def test_choose_turns_counts_uncached_with_counter() -> None:
@@ -347,7 +368,7 @@ def test_turn_score_describe_says_which_and_why() -> None:
     turn = Turn((user(seq=10), call("c"), result("c", "error: nope"), user(seq=14)))
     (score,) = score_turns([turn])
     assert score.describe() == (
-        "turn 0 (seq 10–14, 40 tokens, importance 1.00: user ask, tool calls, error)"
+        "turn 0 (seq 10–14, 40 tokens, importance 0.90: user ask, tool calls, error)"
     )
     lead = score_turns([Turn((Message(role="system", content="s"),))])[0]
-    assert lead.describe() == "turn 0 (0 tokens, importance 0.70: no user message)"
+    assert lead.describe() == "turn 0 (0 tokens, importance 0.74: no user message)"

@@ -53,6 +53,15 @@ POSITIVE = [
     ("open src/context/identifiers.py", "src/context/identifiers.py", "path"),
     ("the /var/log/ directory", "/var/log/", "path"),
     ("node_modules/@types/node/index.d.ts", "node_modules/@types/node/index.d.ts", "path"),
+    # branch-like relative paths: a word segment and a last segment with a digit
+    ("on branch release/2026.12.", "release/2026.12", "path"),
+    ("push feature/ABC-123 now", "feature/ABC-123", "path"),
+    ("merge hotfix/v2.4.1, then", "hotfix/v2.4.1", "path"),
+    ("GET v1/users/42", "v1/users/42", "path"),
+    # host-led relative paths are URLs without a scheme, kept whole (not cut to the host)
+    ("repo github.com/acme/infra-config.", "github.com/acme/infra-config", "url"),
+    ("see gitlab.example.org/group/sub/project", "gitlab.example.org/group/sub/project", "url"),
+    ("(github.com/acme/infra-config/README.md)", "github.com/acme/infra-config/README.md", "url"),
     # windows paths
     (r"file C:\Users\x\file.txt.", r"C:\Users\x\file.txt", "windows_path"),
     (r'"C:\Program Files\App\app.exe"', r"C:\Program Files\App\app.exe", "windows_path"),
@@ -123,6 +132,9 @@ NEGATIVE = [
     ("short 12345 and 1,234", ["12345", "1,234"]),
     ("see line:42 and step:10", ["line:42", "step:10"]),
     ("CamelCase getUserById2Handler", ["getUserById2Handler"]),
+    ("HTTP/2, HTTP/1.1, TCP/IPv6, IPv4/IPv6 and 24/7", ["HTTP/2", "HTTP/1.1", "TCP/IPv6", "24/7"]),
+    ("ratio abc/def and x/y2 and q/10", ["abc/def", "x/y2", "q/10"]),
+    ("just github.com/ here", ["github.com/"]),
 ]
 
 
@@ -148,6 +160,17 @@ def test_email_wins_over_its_domain() -> None:
 def test_path_wins_over_its_file_and_ids() -> None:
     text = "see /orders/ORD-1042/invoice.pdf"
     assert values(text) == ["/orders/ORD-1042/invoice.pdf"]
+
+
+def test_host_led_path_is_whole_not_its_host() -> None:
+    assert values("clone github.com/acme/infra-config today") == ["github.com/acme/infra-config"]
+
+
+def test_branch_is_whole_not_its_number_or_ticket() -> None:
+    assert values("rebase release/2026.12 onto feature/ABC-123") == [
+        "release/2026.12",
+        "feature/ABC-123",
+    ]
 
 
 def test_uuid_not_also_hex() -> None:
