@@ -593,16 +593,28 @@ def salient_sentences(compacted: Sequence[Message], latest_ask: str | None) -> S
     )
 
 
-def _covered(sentence: str, summary_terms: set[str], summary: str) -> bool:
-    """The summary keeps `sentence` (its wording may differ): most of its keywords, and every
-    number in it, are in the summary."""
+_NUMBER_RE = re.compile(r"\d+(?:[.,:/-]\d+)*")
+
+
+def _covered(sentence: str, lines: Sequence[tuple[set[str], set[str]]]) -> bool:
+    """The summary keeps `sentence`, in its own words or not: one line of it has every number
+    of the sentence and most of its keywords (`lines` holds each line's keywords and numbers).
+    One line, so "plan 5" is not kept by "plan 4" on one line and "step 5" on another."""
     terms = keywords(sentence)
-    numbers = re.findall(r"\d+(?:[.,]\d+)*", sentence)
-    if any(not re.search(rf"(?<![\d.,]){re.escape(n)}(?![\d]|[.,]\d)", summary) for n in numbers):
-        return False
-    if not terms:
-        return sentence in summary
-    return len(terms & summary_terms) / len(terms) >= COVERED_SHARE
+    numbers = set(_NUMBER_RE.findall(sentence))
+    need = max(1, int(len(terms) * COVERED_SHARE + 0.999)) if terms else 0
+    for line_terms, line_numbers in lines:
+        if numbers <= line_numbers and len(terms & line_terms) >= need:
+            return True
+    return False
+
+
+def _line_index(summary: str) -> list[tuple[set[str], set[str]]]:
+    return [
+        (keywords(line), set(_NUMBER_RE.findall(line)))
+        for line in summary.splitlines()
+        if line.strip()
+    ]
 
 
 _SECTION_OF = {
@@ -618,11 +630,11 @@ def carry_over(summary: str, salient: Salient) -> tuple[str, int]:
     Returns the summary and how many items were carried over. A model that keeps what it is
     shown needs none; a lossy one loses none.
     """
-    terms = keywords(summary)
+    lines = _line_index(summary)
     carried = 0
     text = summary
     for attr, heading in _SECTION_OF.items():
-        missing = [s for s in getattr(salient, attr) if not _covered(s, terms, summary)]
+        missing = [s for s in getattr(salient, attr) if not _covered(s, lines)]
         if not missing:
             continue
         carried += len(missing)

@@ -252,7 +252,12 @@ class DefaultContextEngine:
                 m = count(m)
             if m.role == "tool":
                 tools_seen += 1
-                if tools_seen > keep_recent and tool_acc + (m.tokens or 0) > tool_cap:
+                tokens_m = m.tokens or 0
+                # Past the newest `keep_recent`, over the share; or one result larger than the
+                # whole share (an imported session's 50 KB log), which no prompt can carry.
+                if (tools_seen > keep_recent and tool_acc + tokens_m > tool_cap) or (
+                    tokens_m > tool_cap
+                ):
                     trimmed = m
                     if tool_acc + TRIMMED_RESULT_TOKENS <= tool_cap:
                         trimmed = self._pruned(m, "trim", counter)

@@ -702,29 +702,30 @@ class MemoryIndex:
         or, failing that, any case: the messages it appears in, newest first, with an excerpt
         centred on it. Then words: BM25 over the session's archived messages (every term
         first, then some), with an excerpt around the longest term found. One hit per seq, at
-        most `limit` (capped at 20).
+        most `limit` (capped at 20); a range archived whole counts as all its seqs.
         """
         limit = max(1, min(int(limit), HISTORY_LIMIT))
         hits: list[HistoryHit] = []
         seen: set[int] = set()
+
+        def take(hit: HistoryHit | None) -> None:
+            if hit is None or len(hits) >= limit:
+                return
+            span = range(hit.seq, (hit.last_seq or hit.seq) + 1)
+            if not seen.intersection(span):
+                seen.update(span)
+                hits.append(hit)
+
         with self._lock:
             for value, seq, score in self._identifier_matches(session_key, query):
                 if len(hits) >= limit:
                     break
-                if seq in seen:
-                    continue
-                hit = self._identifier_hit(session_key, value, seq, score)
-                if hit is not None:
-                    seen.add(seq)
-                    hits.append(hit)
+                if seq not in seen:
+                    take(self._identifier_hit(session_key, value, seq, score))
             terms = query_terms(query)
             if len(hits) < limit and terms:
                 for hit in self._word_hits(session_key, terms, min(limit * 4, 100)):
-                    if len(hits) >= limit:
-                        break
-                    if hit.seq not in seen:
-                        seen.add(hit.seq)
-                        hits.append(hit)
+                    take(hit)
         return hits
 
     def _identifier_matches(self, session_key: str, query: str) -> list[tuple[str, int, float]]:
@@ -755,7 +756,8 @@ class MemoryIndex:
     def _identifier_hit(
         self, session_key: str, value: str, seq: int, score: float
     ) -> HistoryHit | None:
-        """The archived message `seq` (or the archived range holding it), centred on `value`."""
+        """The archived message `seq` (or the range archived whole that holds it), centred on
+        `value`."""
         rows = self._conn.execute(
             "SELECT body, role, created_at, name FROM transcripts WHERE session_key = ? "
             "AND first_seq = ? AND last_seq = ? AND role IS NOT NULL ORDER BY id",
@@ -775,10 +777,11 @@ class MemoryIndex:
         ).fetchall()
         if not legacy:
             return None  # the message was never archived: nothing to show
-        body = next((str(r[0]) for r in legacy if value.lower() in str(r[0]).lower()), legacy[0][0])
+        row = next((r for r in legacy if value.lower() in str(r[0]).lower()), legacy[0])
+        first, last = int(row[1]), int(row[2])
         return HistoryHit(
-            seq, "transcript", None, centred_excerpt(str(body), [value]), "identifier", score,
-            None, int(legacy[0][2]),
+            first, "transcript", None, centred_excerpt(str(row[0]), [value]), "identifier",
+            score, None, None if first == last else last,
         )
 
     def _word_hits(self, session_key: str, terms: list[str], limit: int) -> list[HistoryHit]:
