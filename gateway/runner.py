@@ -666,7 +666,9 @@ class Runner:
             errors=list(result.errors),
             notes=list(result.notes),
             model_identifier_retention=result.model_identifier_retention,
-            identifiers=[i.value for i in result.identifiers],
+            # The identifiers the summary lists; all of them are in the archive (by seq).
+            identifiers=[i.value for i in result.identifiers if i.value in result.summary],
+            identifiers_archived=len(result.identifiers) - result.identifiers_in_summary,
             seconds=round(time.perf_counter() - started, 3),
         )
         row = CompactionRow(
@@ -867,13 +869,21 @@ def describe_compaction(result: CompactionResult | None) -> str:
     if result is None:
         return "Nothing to compact yet: the conversation is within the recent turns kept verbatim."
     if not result.committed:
-        return "Compaction could not produce a summary that fits; the history is kept as it is."
+        why = result.notes[-1] if result.notes else "no summary could fit"
+        why = why.removesuffix("; history kept, not compacted")
+        return f"Not compacted: {why}. Nothing was lost: the conversation stays as it is."
     q = result.quality
     extra = f" (fallback: {result.fallback})" if result.fallback else ""
+    archived = len(result.identifiers) - result.identifiers_in_summary
+    where = (
+        f"{result.identifiers_in_summary:,} identifiers in the summary, {archived:,} more "
+        "archived for history_search"
+        if archived
+        else f"{len(result.identifiers):,} identifiers kept"
+    )
     return (
         f"Compacted the conversation: {result.tokens_before:,} → {result.tokens_after:,} tokens, "
-        f"{len(result.identifiers)} identifiers kept{extra}. Quality: sections "
-        f"{len(q.sections_present)}/5, identifier retention {q.identifier_retention:.0%}."
+        f"{where}{extra}. Quality: sections {len(q.sections_present)}/5."
     )
 
 

@@ -2,10 +2,13 @@
 gateway: the compaction promise's test (tests/gateway/test_compaction_promise.py) and its
 benchmark (bench/compaction.py) share both.
 
-`generate(seed)` builds, deterministically, a ~57k-token (gpt-4o tiktoken) chat between an
-on-call engineer and an operations agent, in English and Chinese: three big tool outputs (an
-orders CSV, a worker log whose successful read is full of ERROR lines, an invoice
-reconciliation CSV; 38-50 KB, ~16k tokens each) full of row numbers, order ids, hosts, paths and uuids; tool failures whose
+`generate(seed)` builds, deterministically, a ~59k-token (gpt-4o tiktoken) chat between an
+on-call engineer and an operations agent over 106 user turns, in English and Chinese: three big
+tool outputs (an orders CSV of 24 KB, a 50 KB worker log whose successful read is full of ERROR
+lines, a 12 KB invoice reconciliation CSV; ~27k tokens together: CSV rows cost ~2.7 characters a
+token) full of row numbers, order ids, hosts, paths and uuids, and ~27k tokens of the
+conversation's own text (more than a 32k window's usable 24k, so no pruning of tool outputs
+alone can make it fit); tool failures whose
 exit codes come in the forms real tools print them (`{"exit_code": 2, "stderr": ...}`,
 `returncode=1`, `[exit 1]`, `exit code 137`, `exit status 255`); planted decisions with their
 reasons, TODOs, constraints ("Never ...", "Always ...", and in Chinese) and pending asks;
@@ -219,9 +222,56 @@ NOTES = (
     "flagged by fraud rules then cleared", "merchant changed the delivery address",
 )
 LOG_EVENTS = (
-    "invoice rendered and queued for delivery", "ledger write acknowledged by the primary",
-    "settlement batch closed without warnings", "customer notification sent through the mailer",
-    "capture confirmed by the payment gateway", "tax lines recomputed after the address change",
+    "invoice rendered and queued for delivery to the merchant's billing contact",
+    "ledger write acknowledged by the primary after the settlement window closed",
+    "settlement batch closed without warnings and the summary was handed to finance",
+    "customer notification sent through the mailer with the updated delivery estimate",
+    "capture confirmed by the payment gateway and recorded against the open invoice",
+    "tax lines recomputed after the address change and the invoice was rendered again",
+    "retry scheduled with exponential backoff because the gateway asked us to slow down",
+    "webhook from the payment provider accepted and matched to the pending capture",
+)
+HOSTS = (
+    "billing-api-03.acme.internal", "billing-api-07.acme.internal", "ledger-01.acme.internal",
+    "kafka-2.acme.internal:9092", "redis-billing.acme.internal:6379", "mailer.acme.internal",
+    "payments-gw.acme.internal:8443", "pgbouncer-eu.acme.internal:6432",
+)
+METRICS = ("p99 latency", "error rate", "queue depth", "CPU", "connection count", "GC pauses")
+QUEUES = ("billing.invoices.v2", "billing.captures", "ledger.postings", "mailer.outbound")
+SETTINGS = ("worker_batch_size", "capture_retry_limit", "ledger_flush_ms", "api_pool_size")
+CHAT_STATUSES = ("pending_capture", "captured", "awaiting 3-D Secure", "refund_requested")
+USER_EN = (
+    "Quick one: what does {host} say about {metric} right now?",
+    "Status for the incident doc: {order} is still {status}, and {pod} restarted {n} times "
+    "since {time}.",
+    "Merchant {merchant} is asking about {order} again; what can I tell them?",
+    "Look at {path} and tell me whether {setting} changed since commit {commit}.",
+    "The queue {queue} has {k} messages waiting; is that normal for this hour?",
+    "Can you compare {metric} on {host} with yesterday at {time}?",
+)
+USER_ZH = (
+    "{host} 现在的 {metric} 怎么样？",
+    "事故文档更新一下：{order} 还是 {status}，{pod} 从 {time} 起重启了 {n} 次。",
+    "商户 {merchant} 又在问 {order} 的情况，我该怎么回复？",
+    "看一下 {path}，{setting} 这个值从提交 {commit} 之后有没有变？",
+    "{queue} 队列里现在积压了 {k} 条消息，这个时间点正常吗？",
+)
+ASSISTANT_EN = (
+    "{host} reports {metric} at {value} over the last 15 minutes, inside the normal band for "
+    "this time of day.",
+    "{order} is {status}; the last attempt went through {host} at {time} and got HTTP {http}.",
+    "I compared {path} with commit {commit}: {setting} is unchanged at {value}.",
+    "{queue} is draining at about {k} messages a minute, so it should be empty within the hour.",
+    "Nothing here needs action yet; I will keep watching {pod} and tell you if it restarts again.",
+    "For the incident doc: {order} ({merchant}) is {status}, retried {n} times, last at {time}.",
+    "The dashboards for {host} show {metric} flat since {time}; the spike we saw earlier is gone.",
+)
+ASSISTANT_ZH = (
+    "{host} 最近 15 分钟的 {metric} 是 {value}，在这个时段的正常范围内。",
+    "{order} 目前是 {status}；最后一次尝试在 {time} 经过 {host}，返回 HTTP {http}。",
+    "我对比了 {path} 和提交 {commit}：{setting} 没有变化，仍然是 {value}。",
+    "{queue} 每分钟大约消化 {k} 条，一小时内应该能清空。",
+    "目前不需要处理；我会继续盯着 {pod}，如果再重启会告诉你。",
 )
 STATUSES = ("captured", "captured", "captured", "settled", "settled", "refunded", "failed")
 
@@ -231,6 +281,7 @@ class _Builder:
         self.rng = rng
         self.messages: list[Message] = []
         self._calls = 0
+        self._round = 0
 
     def uuid(self) -> str:
         return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
@@ -252,6 +303,51 @@ class _Builder:
     def filler(self, zh: bool = False, n: int = 2) -> str:
         pool = ZH_FILLER if zh else EN_FILLER
         return (" " if not zh else "").join(self.rng.sample(pool, n))
+
+    def slots(self) -> dict[str, Any]:
+        r = self.rng
+        return {
+            "host": r.choice(HOSTS),
+            "metric": r.choice(METRICS),
+            "order": f"ORD-{r.randint(10_000, 79_999)}",
+            "status": r.choice(CHAT_STATUSES),
+            "pod": f"billing-worker-5f7c9d8b6-{self.hexid(5)}",
+            "n": r.randint(2, 9),
+            "time": f"{r.randint(0, 11):02d}:{r.randint(0, 59):02d}Z",
+            "merchant": r.choice(MERCHANTS),
+            "path": f"/srv/billing/releases/2026.12.{r.randint(0, 3)}/{r.choice(['worker', 'api', 'ledger'])}.yaml",
+            "setting": r.choice(SETTINGS),
+            "commit": self.hexid(9),
+            "queue": r.choice(QUEUES),
+            "k": r.randint(40, 9_000),
+            "value": f"{r.randint(2, 950)}{r.choice(['ms', '%', ''])}",
+            "http": r.choice((200, 202, 402, 409, 502, 503)),
+        }
+
+    def chatter(self, rounds: int) -> None:
+        """Everyday on-call back-and-forth (no planted fact), half of it with a small tool
+        output: what makes a day's session long."""
+        for _ in range(rounds):
+            self._round += 1
+            zh = self._round % 3 == 0
+            v = self.slots()
+            ask = self.rng.choice(USER_ZH if zh else USER_EN).format(**v)
+            self.user(ask + (" " if not zh else "") + self.filler(zh, 2))
+            if self._round % 4 == 0:
+                self.tool(
+                    "run_command",
+                    {"cmd": f"kubectl -n billing get pods -l app=billing-worker -o wide  # {v['time']}"},
+                    "\n".join(
+                        f"billing-worker-5f7c9d8b6-{self.hexid(5)}   1/1   Running   "
+                        f"{self.rng.randint(0, 3)}   {self.rng.randint(1, 59)}m   "
+                        f"10.40.{self.rng.randint(1, 250)}.{self.rng.randint(1, 250)}"
+                        for _ in range(5)
+                    ),
+                )
+            pool = ASSISTANT_ZH if zh else ASSISTANT_EN
+            picked = self.rng.sample(pool, 5)
+            said = [t.format(**{**v, **self.slots(), "order": v["order"]}) for t in picked]
+            self.assistant(("" if zh else " ").join(said) + (" " if not zh else "") + self.filler(zh, 2))
 
     def user(self, text: str) -> None:
         self.messages.append(Message(role="user", content=text))
@@ -293,6 +389,7 @@ def _orders_csv(b: _Builder, planted: dict[int, tuple[str, str, str]], size: int
         lines.append(line)
         total += len(line) + 1
         row += 1
+    assert all(r < row for r in planted), "the planted rows must fit in the export"
     return "\n".join(lines)
 
 
@@ -304,7 +401,7 @@ def _worker_log(b: _Builder, pod: str, planted_error: str, size: int) -> str:
     planted_at = size // 3
     while total < size:
         second += b.rng.randint(1, 4)
-        stamp = f"2026-12-03T{2 + second // 3600:02d}:{second // 60 % 60:02d}:{second % 60:02d}.{b.rng.randint(0, 999):03d}Z"
+        stamp = f"{2 + second // 3600:02d}:{second // 60 % 60:02d}:{second % 60:02d}"
         if planted_error and total >= planted_at:
             line = f"{stamp} {planted_error}"
             planted_error = ""
@@ -314,10 +411,9 @@ def _worker_log(b: _Builder, pod: str, planted_error: str, size: int) -> str:
                 f"payments-gw.acme.internal:8443 for ORD-{b.rng.randint(10_000, 79_999)}"
             )
         else:
-            line = (
-                f"{stamp} INFO  invoice_sync: {b.rng.choice(LOG_EVENTS)} for "
-                f"ORD-{b.rng.randint(10_000, 79_999)} ({b.rng.choice(MERCHANTS)})"
-            )
+            line = f"{stamp} INFO  invoice_sync: {b.rng.choice(LOG_EVENTS)}"
+            if b.rng.random() < 0.3:
+                line += f" (ORD-{b.rng.randint(10_000, 79_999)}, {b.rng.choice(MERCHANTS)})"
         out.append(line)
         total += len(line) + 1
     out.append("[fetch_logs] exit 0, end of log")
@@ -342,6 +438,7 @@ def _invoice_csv(b: _Builder, planted: dict[int, str], size: int) -> str:
         lines.append(line)
         total += len(line) + 1
         row += 1
+    assert all(r < row for r in planted), "the planted rows must fit in the reconciliation"
     return "\n".join(lines)
 
 
@@ -349,10 +446,20 @@ def _invoice_csv(b: _Builder, planted: dict[int, str], size: int) -> str:
 
 
 @lru_cache(maxsize=4)
-def generate(seed: int = 20261203, big_output_bytes: int = 50_000) -> Transcript:
-    """The transcript for `seed` (the same every time for the same arguments)."""
+def generate(
+    seed: int = 20261203,
+    output_bytes: tuple[int, int, int] = (24_000, 50_000, 12_000),
+    chatter_rounds: int = 80,
+) -> Transcript:
+    """The transcript for `seed` (the same every time for the same arguments).
+
+    `output_bytes`: the sizes of the three big tool outputs (orders CSV, worker log, invoice
+    CSV); `chatter_rounds`: everyday rounds spread between the planted episodes (they make the
+    conversation's own text, which no tool-output pruning can shrink, outgrow a 32k window)."""
     rng = random.Random(seed)
     b = _Builder(rng)
+    gaps = 19
+    gap = [chatter_rounds // gaps + (1 if i < chatter_rounds % gaps else 0) for i in range(gaps)]
     ids: list[str] = []
 
     def ident(value: str) -> str:
@@ -380,7 +487,7 @@ def generate(seed: int = 20261203, big_output_bytes: int = 50_000) -> Transcript
     branch = ident("release/2026.12")
     export = ident("s3://acme-billing-exports/2026/12/orders-2026-12-02.csv")
     stuck = [ident("ORD-88123"), ident("ORD-88507"), ident("ORD-88940")]
-    stuck_rows = (4312, 4388, 4461)
+    stuck_rows = (4067, 4118, 4153)
     customers = [ident(b.customer()) for _ in stuck]
     primary = ident("db-primary-03.acme.internal:5432")
     primary_ip = ident("10.40.12.7")
@@ -433,7 +540,7 @@ def generate(seed: int = 20261203, big_output_bytes: int = 50_000) -> Transcript
     b.tool(
         "query_db",
         {"sql": "SELECT * FROM orders_export WHERE export_date = '2026-12-02'", "source": export},
-        _orders_csv(b, planted_rows, big_output_bytes * 9 // 10),
+        _orders_csv(b, planted_rows, output_bytes[0]),
         "Pulling the export.",
     )
     b.assistant(
@@ -442,6 +549,8 @@ def generate(seed: int = 20261203, big_output_bytes: int = 50_000) -> Transcript
         f"{stuck_rows[1]}, customer {customers[1]}) and {stuck[2]} (row {stuck_rows[2]}, "
         f"customer {customers[2]}). Everything else captured or settled. " + b.filler()
     )
+
+    b.chatter(gap[0])
 
     # 2. Chinese: a host:port in prose; psql fails with a JSON exit code.
     b.user(
@@ -470,6 +579,8 @@ def generate(seed: int = 20261203, big_output_bytes: int = 50_000) -> Transcript
         f"{stuck[0]} 属于客户 {customers[0]}。psql 连接 db-primary-03 失败（exit_code 2）："
         "too many clients already —— 主库的连接数打满了（max_connections=500）。"
     )
+
+    b.chatter(gap[1])
 
     # 3. A decision with its reason; a TODO with a ticket; a file read.
     b.user(
@@ -504,6 +615,8 @@ def generate(seed: int = 20261203, big_output_bytes: int = 50_000) -> Transcript
         f"I'll point it at {replica} in a PR against {branch}. " + b.filler()
     )
 
+    b.chatter(gap[2])
+
     # 4. The PR (a commit hash, a PR URL in a tool output).
     b.user("Do it and open the PR. " + b.filler())
     git_cmd = (
@@ -519,6 +632,8 @@ def generate(seed: int = 20261203, big_output_bytes: int = 50_000) -> Transcript
     )
     b.assistant(f"Opened {pr_url} (commit {commit}) against {branch}.")
 
+    b.chatter(gap[3])
+
     # 5. Chinese: read the worker log (success, ERROR lines inside).
     b.user(f"好的。然后看看 worker 的日志，{log_path}，昨晚 02:00 以后的。" + b.filler(True))
     planted_error = (
@@ -528,13 +643,15 @@ def generate(seed: int = 20261203, big_output_bytes: int = 50_000) -> Transcript
     b.tool(
         "fetch_logs",
         {"path": log_path, "since": "2026-12-03T02:00:00Z", "pod": pod},
-        _worker_log(b, pod, planted_error, big_output_bytes),
+        _worker_log(b, pod, planted_error, output_bytes[1]),
     )
     b.assistant(
         "The log read fine (the read itself succeeded; the ERROR lines are the worker's). "
         f"The first ERROR is an upstream timeout against {payments} with request id {first_req}, "
         f"for {refund_order}. The pod {pod} restarted at 02:31. " + b.filler()
     )
+
+    b.chatter(gap[4])
 
     # 6. OOM: exit code 137.
     b.user("Check whether the reconcile job is what blew the worker's memory. " + b.filler())
@@ -550,6 +667,8 @@ def generate(seed: int = 20261203, big_output_bytes: int = 50_000) -> Transcript
         f"Yes: reconcile.py was killed with exit code 137 (OOM) inside {pod}; the pod's memory "
         "limit is 512Mi and the job loads the whole day's ledger at once."
     )
+
+    b.chatter(gap[5])
 
     # 7. A constraint; helm fails with returncode=1.
     b.user(
@@ -576,6 +695,8 @@ def generate(seed: int = 20261203, big_output_bytes: int = 50_000) -> Transcript
         "stuck in pending-upgrade at revision 57."
     )
 
+    b.chatter(gap[6])
+
     # 8. A decision in Chinese; rollback succeeds.
     b.user(
         decision(
@@ -593,9 +714,11 @@ def generate(seed: int = 20261203, big_output_bytes: int = 50_000) -> Transcript
     )
     b.assistant("回滚到 revision 56 成功，随后升级成功，现在是 revision 58，worker 内存上限 1Gi。")
 
+    b.chatter(gap[7])
+
     # 9. The invoice reconciliation (big CSV #2).
     b.user("Pull the invoice reconciliation diff for December so far. " + b.filler())
-    invoice_row = 777
+    invoice_row = 137
     planted_invoices = {
         invoice_row: (
             f"{invoice_row},{invoice},{stuck[2]},Contoso Retail,1212.50,800.00,-412.50,"
@@ -609,13 +732,15 @@ def generate(seed: int = 20261203, big_output_bytes: int = 50_000) -> Transcript
     b.tool(
         "query_db",
         {"sql": "SELECT * FROM invoice_reconciliation WHERE month = '2026-12' ORDER BY row"},
-        _invoice_csv(b, planted_invoices, big_output_bytes * 3 // 4),
+        _invoice_csv(b, planted_invoices, output_bytes[2]),
     )
     b.assistant(
         f"Most rows reconcile. The largest mismatch is {invoice} for {stuck[2]} at -412.50 EUR "
         f"(row {invoice_row}, ledger file {ledger}); {invoice_twin} right after it has the same "
         "amount, which looks like a duplicate invoice number. " + b.filler()
     )
+
+    b.chatter(gap[8])
 
     # 10. Two TODOs; a successful openssl read.
     b.user(
@@ -640,6 +765,8 @@ def generate(seed: int = 20261203, big_output_bytes: int = 50_000) -> Transcript
     )
     b.assistant(f"Confirmed: notAfter=Dec 15 23:59:59 2026 GMT, serial {cert_serial}.")
 
+    b.chatter(gap[9])
+
     # 11. terraform plan fails: [exit 1], a lock uuid and holder.
     b.user("Plan the terraform change for the new replica's security group. " + b.filler())
     tf = (
@@ -658,6 +785,8 @@ def generate(seed: int = 20261203, big_output_bytes: int = 50_000) -> Transcript
         f"terraform plan failed [exit 1]: the state lock {lock_id} on {tf_state} is held by "
         f"{lock_holder} since 2026-12-02 22:40 UTC."
     )
+
+    b.chatter(gap[10])
 
     # 12. A constraint; an e-mail.
     b.user(
@@ -681,6 +810,8 @@ def generate(seed: int = 20261203, big_output_bytes: int = 50_000) -> Transcript
     )
     b.assistant(f"Sent to {oncall}.")
 
+    b.chatter(gap[11])
+
     # 13. A decision with a URL for a reason; the canary image.
     b.user(
         decision(
@@ -698,6 +829,8 @@ def generate(seed: int = 20261203, big_output_bytes: int = 50_000) -> Transcript
     )
     b.assistant(f"The canary runs {image} (replicaset {canary_rs}). " + b.filler())
 
+    b.chatter(gap[12])
+
     # 14. ssh fails: exit status 255.
     b.user(f"Restart pgbouncer on the replica through {bastion}. " + b.filler())
     ssh = f"ssh {bastion} 'sudo systemctl restart pgbouncer@db-replica-07'"
@@ -712,6 +845,8 @@ def generate(seed: int = 20261203, big_output_bytes: int = 50_000) -> Transcript
         f"The ssh to {bastion} timed out (exit status 255); the bastion may be behind the VPN "
         "change from last night."
     )
+
+    b.chatter(gap[13])
 
     # 15. Chinese constraint and pending ask.
     b.user(
@@ -729,6 +864,8 @@ def generate(seed: int = 20261203, big_output_bytes: int = 50_000) -> Transcript
     b.assistant(
         f"等 {payments} 恢复之后重新 capture {stuck[1]}；按目前的趋势，预计今天 UTC 18:00 之前。"
     )
+
+    b.chatter(gap[14])
 
     # 16. pgbouncer decision; curl healthcheck fails (JSON exit code 22).
     b.user(
@@ -755,6 +892,8 @@ def generate(seed: int = 20261203, big_output_bytes: int = 50_000) -> Transcript
     )
     b.assistant(f"Not yet: the health check of {payments} returns 503 (curl exit 22).")
 
+    b.chatter(gap[15])
+
     # 17. A decision about the reconcile cron; a Chinese TODO.
     b.user(
         decision(
@@ -773,6 +912,8 @@ def generate(seed: int = 20261203, big_output_bytes: int = 50_000) -> Transcript
     )
     b.assistant("nightly-reconcile is suspended. " + b.filler())
 
+    b.chatter(gap[16])
+
     # 18. Data residency decision; a customer id; a constraint on personal data.
     b.user(
         decision(
@@ -790,6 +931,8 @@ def generate(seed: int = 20261203, big_output_bytes: int = 50_000) -> Transcript
     )
     b.assistant(f"Noted: EU exports stay in {eu_bucket}; I'll refer to Northwind by {customers[0]}.")
 
+    b.chatter(gap[17])
+
     # 19. Chinese decision on the timeout.
     b.user(
         decision(
@@ -800,6 +943,8 @@ def generate(seed: int = 20261203, big_output_bytes: int = 50_000) -> Transcript
         + b.filler(True)
     )
     b.assistant("好的，我会在 values-prod.yaml 里把 payments_gw_timeout_ms 改成 15000，等你确认再发。")
+
+    b.chatter(gap[18])
 
     # 20. Feature flag decision; two TODOs and a pending ask.
     b.user(
@@ -860,20 +1005,7 @@ def generate(seed: int = 20261203, big_output_bytes: int = 50_000) -> Transcript
         + " " + b.filler()
     )
     b.assistant(b.filler())
-    for i in range(4):
-        zh = i % 2 == 1
-        b.user(b.filler(zh, 3))
-        b.tool(
-            "run_command",
-            {"cmd": f"kubectl -n billing get pods -l app=billing-worker -o wide # check {i + 1}"},
-            "\n".join(
-                f"billing-worker-5f7c9d8b6-{b.hexid(5)}   1/1   Running   {b.rng.randint(0, 3)}   "
-                f"{b.rng.randint(1, 59)}m   10.40.{b.rng.randint(1, 250)}.{b.rng.randint(1, 250)}   "
-                f"ip-10-40-{b.rng.randint(1, 250)}-{b.rng.randint(1, 250)}.eu-west-1.compute.internal"
-                for _ in range(12)
-            ),
-        )
-        b.assistant(b.rng.choice(ASSISTANT_FILLER) + " " + b.filler(zh))
+    b.chatter(3)
 
     latest = (
         f"Given all that: is {pr_url} safe to merge into {branch} now, and which of today's "
@@ -909,7 +1041,7 @@ def _exam(
         return ExamQuestion(question, key, answer, kind, (_needle(answer),))
 
     out = [
-        q("Which repository holds the infra config?", "infra config repository", v["repo"]),
+        q("Which repository holds the infra config?", "infra-config", v["repo"]),
         q("Which branch do we ship from?", "branch we ship from", v["branch"]),
         q(f"Which order is at row {v['row']} of the export?", f"row {v['row']}", v["order"]),
         q(f"Which customer does {v['order']} belong to?", v["order"], v["customer"]),

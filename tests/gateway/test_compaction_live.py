@@ -82,7 +82,7 @@ async def test_compact_command_and_uncompact(make_config: MakeConfig) -> None:
         rg = await start(make_config, fake, models={"fake-model": {"context_window": 100_000}})
         try:
             for i in range(5):
-                await rg.ask(f"note {i}: ORD-{2000 + i}")
+                await rg.ask(f"note {i}: ORD-{2000 + i} " + FILLER)
             [answer] = await rg.ask("/compact keep the order numbers")
             assert answer.startswith("Compacted the conversation")
             merge = [b for b in fake.requests if is_summary_request(b)][-1]
@@ -100,7 +100,23 @@ async def test_compact_command_and_uncompact(make_config: MakeConfig) -> None:
         assert undone["undone"] is not None
         shown = await show_session(rg.gateway.config, KEY)
         assert shown is not None and shown["summary"] is None
-        assert shown["messages"][0]["content"] == "note 0: ORD-2000"
+        assert shown["messages"][0]["content"].startswith("note 0: ORD-2000 word0")
+
+
+async def test_compact_that_would_not_shrink_the_prompt_is_refused(make_config: MakeConfig) -> None:
+    async with FakeOpenAI(default=summarizer_and_echo) as fake:
+        rg = await start(make_config, fake, models={"fake-model": {"context_window": 100_000}})
+        try:
+            for i in range(4):
+                await rg.ask(f"note {i}")
+            [answer] = await rg.ask("/compact")
+            assert answer.startswith("Not compacted: the compacted prompt")
+            assert "would not be smaller" in answer
+            shown = await show_session(rg.gateway.config, KEY)
+            assert shown is not None and shown["summary"] is None
+            assert shown["messages"][0]["content"] == "note 0"
+        finally:
+            await rg.gateway.stop()
 
 
 async def test_provider_overflow_compacts_and_retries(make_config: MakeConfig) -> None:
@@ -108,7 +124,7 @@ async def test_provider_overflow_compacts_and_retries(make_config: MakeConfig) -
         rg = await start(make_config, fake, models={"fake-model": {"context_window": 100_000}})
         try:
             for i in range(5):
-                await rg.ask(f"fact {i}")
+                await rg.ask(f"fact {i} " + FILLER)
             fake.script(context_overflow(8192, 9000))
             [answer] = await rg.ask("and now?")
             assert answer == "echo: and now?"

@@ -28,8 +28,10 @@ def is_summary_request(body: dict[str, Any]) -> bool:
 
 
 def copying_summarizer(body: dict[str, Any]) -> Any:
-    """Answers summary requests by repeating the prompt (the worst case); echoes chat turns."""
-    text = "\n".join(str(m.get("content") or "") for m in body["messages"])
+    """Answers summary requests by repeating what it is shown of the conversation, secrets
+    included (the worst case; the first 3,000 characters, where the secrets are, so that the
+    summary is still smaller than the session); echoes chat turns."""
+    text = str(body["messages"][-1].get("content") or "")[:3_000]
     if is_summary_request(body):
         return reply(
             "## Decisions\n" + text + "\n## Open TODOs\n- none\n## Constraints/Rules\n- none\n"
@@ -67,7 +69,8 @@ async def test_no_secret_in_logs_or_summaries_over_a_turn_and_a_compaction(
             fake.script(error(400, {"error": {"message": f"the key {PASTED_KEY} was refused"}}))
             await rg.ask("try the key again")
             for i in range(3):
-                await rg.ask(f"step {i}: remember {PASTED_KEY} for later")
+                filler = " ".join(f"detail{j}" for j in range(400))
+                await rg.ask(f"step {i}: remember {PASTED_KEY} for later. {filler}")
             [notice] = await rg.ask(f"/compact keep every detail, even {GITHUB_TOKEN}")
         finally:
             await gateway.stop()
