@@ -137,6 +137,96 @@ def rows_context_assembly(r: dict[str, Any]) -> list[Row]:
 
 
 def rows_compaction(r: dict[str, Any]) -> list[Row]:
+    rows = rows_compaction_timing(r) if "engines" in r else []
+    if r.get("promise"):
+        rows += rows_compaction_promise(r["promise"])
+    return rows
+
+
+def rows_compaction_promise(p: dict[str, Any]) -> list[Row]:
+    """Per window: fits and recall of gatehouse (through the gateway, five summarizers) against
+    SummarizationMiddleware and the "drop old tool output" baseline on the same transcript."""
+    tr = p["transcript"]
+    rows: list[Row] = []
+    lc_name = "langchain `SummarizationMiddleware` (defaults), no lookup tool"
+    base_name = "baseline: drop tool results but the last 3, keep all text"
+    for window in dict.fromkeys(c["window"] for c in p["cases"]):
+        name = (
+            f"Compaction promise, {tr['tokens']:,}-token ops transcript, "
+            f"{window // 1000}k window"
+        )
+        gh = {c["kind"]: c for c in p["cases"] if c["window"] == window}
+        lc = {x["kind"]: x for x in p["peers"] if x["window"] == window and x["engine"].startswith("langchain")}
+        base = next(
+            (x for x in p["peers"] if x["window"] == window and not x["engine"].startswith("langchain")), None
+        )
+
+        def fits(group: dict[str, dict[str, Any]]) -> str:
+            if not group:
+                return "—"
+            bad = [
+                k + (" (turn fails)" if x.get("tokens_after") is None else "")
+                for k, x in group.items() if not x["fits"]
+            ]
+            return f"{len(group) - len(bad)}/{len(group)}" + (
+                f"; not: {', '.join(bad)}" if bad else ""
+            )
+
+        rows.append((
+            name, f"next prompt fits, per summarizer ({'/'.join(gh)}); goal all",
+            fits(gh), fits(lc), lc_name, "",
+        ))
+        worst = max(gh.values(), key=lambda x: len(x["ids_lost"]))
+        worst_lc = max(lc.values(), key=lambda x: len(x["ids_lost"])) if lc else None
+        lookup = max(x["ids_by_lookup"] for x in gh.values())
+        rows.append((
+            name, "planted identifiers lost, worst summarizer; goal 0",
+            f"{len(worst['ids_lost'])} of {worst['ids_total']} "
+            f"({worst['kind'] if worst['ids_lost'] else 'any summarizer'}; up to {lookup} found "
+            "only by history_search)",
+            "—" if worst_lc is None
+            else f"{len(worst_lc['ids_lost'])} of {worst_lc['ids_total']} ({worst_lc['kind']})",
+            lc_name, "",
+        ))
+        for kind in ("good", "lossy"):
+            if kind not in gh:
+                continue
+            g, other = gh[kind], lc.get(kind)
+            rows.append((
+                name, f"recall exam ({tr['exam']} questions), {kind} summarizer"
+                + ("; goal ≥ 95 %" if window == 32_000 else ""),
+                f"{g['recall']:.0%} ({g['recall_in_prompt']:.0%} in prompt + "
+                f"{g['recall_by_lookup']:.0%} by lookup)",
+                "—" if other is None else f"{other['recall']:.0%}",
+                lc_name,
+                "" if other is None else f"{(g['recall'] - other['recall']) * 100:+.0f} points",
+            ))
+        failed = [k for k in ("empty", "failing", "hanging") if k in gh]
+        if failed:
+            rows.append((
+                name, f"recall exam, {'/'.join(failed)} summarizer",
+                " / ".join(f"{gh[k]['recall']:.0%}" for k in failed),
+                " / ".join(
+                    (f"{lc[k]['recall']:.0%}" if lc[k]["tokens_after"] is not None else "turn fails")
+                    if k in lc else "—"
+                    for k in failed
+                ),
+                lc_name, "",
+            ))
+        if base is not None:
+            g = gh.get("good") or next(iter(gh.values()))
+            rows.append((
+                name, "tokens in the next prompt ÷ usable, recall (good summarizer)",
+                f"{g['tokens_after'] / g['usable']:.2f}, {g['recall']:.0%}",
+                f"{base['tokens_after'] / base['usable']:.2f}, {base['recall']:.0%}"
+                + ("" if base["fits"] else " (does not fit)"),
+                base_name,
+                f"{(g['recall'] - base['recall']) * 100:+.0f} points",
+            ))
+    return rows
+
+
+def rows_compaction_timing(r: dict[str, Any]) -> list[Row]:
     engines = r["engines"]
     gh = engines["gatehouse"]
     lc = engines.get("langchain SummarizationMiddleware")
@@ -331,7 +421,16 @@ def draw_charts(results: dict[str, Any]) -> list[tuple[str, str]]:
         save(fig, "context_assembly.png", "Next-turn prompt assembly vs trim_messages")
 
     co = _result(results, "compaction")
-    if co:
+    if co and co.get("promise"):
+        from bench.compaction import draw_recall_chart
+
+        if draw_recall_chart(co["promise"], CHARTS / "compaction_recall.png") is not None:
+            drawn.append((
+                "compaction_recall.png",
+                "Recall exam against tokens kept: gatehouse vs SummarizationMiddleware vs "
+                "dropping old tool output, per window",
+            ))
+    if co and co.get("engines"):
         engines = co["engines"]
         names = list(engines)
         keys = [("identifiers_kept", "identifiers"), ("decisions_kept", "decisions"),
@@ -464,6 +563,14 @@ def render(report: dict[str, Any], charts: list[tuple[str, str]]) -> str:
         "TODOs and rules it sees and every second identifier it sees). SummarizationMiddleware runs "
         "with its defaults (keep 20 messages, summarize at most the last 4,000 tokens, one call). "
         "\"Kept\" means still in the next prompt: summary plus the messages kept verbatim.",
+        "- **Compaction promise**: `bench/compaction.py` (the path of "
+        "`tests/gateway/test_compaction_promise.py`): a ~59k-token operations transcript "
+        "imported as a session, its latest ask sent through webchat, the gateway compacting on "
+        "its own; the chat request the fake model receives is the next prompt. Summarizers: good "
+        "(writes everything it is shown), lossy (drops half the identifiers, decisions and "
+        "TODOs), empty, failing (HTTP 500), hanging (`summary_timeout` 1 s). A recall-exam "
+        "question counts when its answer is in the prompt or in the top 5 results of one "
+        "`history_search` of its key term; the peers have no such tool.",
         "- **Gateway vs floor**: `bench/pipeline.py` (webchat HTTP → gateway → model vs the bare "
         "openai SDK) and `bench/channels.py` (each platform's real SDK against its fake server, "
         "gatehouse vs a bare echo bot on the same SDK), zero-latency model.",

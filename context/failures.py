@@ -77,7 +77,7 @@ def tool_failure(message: Message, call: ToolCall | None = None) -> ToolFailure 
     verdict = _verdict(text, head, tail)
     if flag is True:
         failed = True
-    elif verdict is not None:
+    elif verdict is not None and (verdict.structured or flag is None):
         failed = verdict.failed
     elif flag is False:
         failed = False
@@ -119,6 +119,8 @@ class _Verdict:
     failed: bool
     exit_code: int | None
     detail: str
+    structured: bool = True
+    """False for a JSON result's `stderr` text: like any text, it never overrides the flag."""
 
 
 _EXIT_KEYS = ("exit_code", "exitCode", "returncode", "return_code", "exit_status", "exitStatus")
@@ -182,7 +184,7 @@ def _verdict(text: str, head: Sequence[str], tail: Sequence[str]) -> _Verdict | 
         line = _error_line(head, tail)
         if code is not None:
             return _Verdict(code != 0, code, "" if code == 0 else line)
-        return _Verdict(bool(line), None, line)
+        return _Verdict(bool(line), None, line, structured=False)
     code = _text_exit_code(head, tail)
     if code is not None:
         return _Verdict(code != 0, code, "" if code == 0 else _error_line(head, tail))

@@ -16,7 +16,7 @@ from typing import Any
 from context.types import Message
 from gateway.llm import LLMError, LLMProvider
 from gateway.store import SessionRow, Store
-from gateway.tools import Tool, ToolContext, ToolRegistry
+from gateway.tools import Tool, ToolContext, ToolError, ToolRegistry
 from memory.index import MemoryIndex
 from memory.notes import append_note, read_lines
 from memory.workspace import WorkspacePathError
@@ -91,7 +91,7 @@ class MemoryTools:
                 tz=self.timezone,
             )
         except (ValueError, OSError) as exc:
-            return f"error: {exc}"
+            raise ToolError(str(exc)) from None
         return f"saved to {entry.path} (lines {entry.start_line}-{entry.end_line})"
 
     async def _search(self, args: dict[str, Any], _ctx: ToolContext) -> str:
@@ -120,7 +120,7 @@ class MemoryTools:
                 args.get("count"),
             )
         except (WorkspacePathError, ValueError, OSError) as exc:
-            return f"error: {exc}"
+            raise ToolError(str(exc)) from None
         return result.render()
 
 

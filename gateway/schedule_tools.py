@@ -27,7 +27,7 @@ from gateway.scheduler import (
     Scheduler,
     new_job_id,
 )
-from gateway.tools import Tool, ToolContext
+from gateway.tools import Tool, ToolContext, ToolError
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +259,7 @@ class ScheduleTools:
             target = self._origin(ctx)
             await self._check_quota(ctx)
         except ScheduleError as exc:
-            return f"error: {exc}"
+            raise ToolError(str(exc)) from None
         text = str(args["text"]).strip()
         spec = JobSpec(
             kind="reminder",
@@ -312,7 +312,7 @@ class ScheduleTools:
             target, in_origin = self._target(args.get("target"), ctx)
             await self._check_quota(ctx)
         except ScheduleError as exc:
-            return f"error: {exc}"
+            raise ToolError(str(exc)) from None
         prompt = str(args["prompt"]).strip()
         spec = JobSpec(
             kind="cron",
@@ -346,8 +346,8 @@ class ScheduleTools:
         job_id = str(args["id"]).strip()
         info = await self.scheduler.cancel(job_id, ctx.session_key)
         if info is None:
-            return (
-                f"error: no job {job_id!r} in this conversation (it may have fired already); "
+            raise ToolError(
+                f"no job {job_id!r} in this conversation (it may have fired already); "
                 "see jobs_list"
             )
         return f"Cancelled {info.kind} {info.id}."

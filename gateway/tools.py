@@ -59,6 +59,12 @@ class Tool:
 class ToolResult:
     content: str
     is_error: bool = False
+    """The tool's own word that it failed: stored with the result (`messages.tool_error`)."""
+
+
+class ToolError(Exception):
+    """A failure a tool reports in words (bad input, nothing found): the model reads
+    "error: <message>", the result is flagged as an error, and no traceback is logged."""
 
 
 @dataclass
@@ -95,6 +101,8 @@ class ToolRegistry:
             return ToolResult(f"error: invalid arguments for {name}: {detail}", True)
         try:
             return ToolResult(await tool.handler(args, ctx))
+        except ToolError as exc:
+            return ToolResult(f"error: {exc}", True)
         except Exception as exc:
             log.exception("tool %s failed", name)
             return ToolResult(f"error: {name} failed: {type(exc).__name__}: {exc}", True)

@@ -151,6 +151,12 @@ def test_whole_json_without_verdict_reads_only_its_stderr() -> None:
     assert failure is not None and failure.detail == "fatal: not a git repository"
 
 
+def test_flag_false_beats_error_text_in_a_json_stderr() -> None:
+    text = json.dumps({"stdout": "3 files", "stderr": "error: ignored, retried"})
+    assert tool_failure(tool(text, flag=False)) is None
+    assert tool_failure(tool(text)) is not None
+
+
 def test_first_json_line_states_the_outcome() -> None:
     text = '{"exit_code": 4, "error": "lint failed"}\nsrc/a.py:1:1: F401 unused import'
     failure = tool_failure(tool(text))

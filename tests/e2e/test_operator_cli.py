@@ -58,8 +58,9 @@ async def test_list_show_export_import_and_compact_all(tmp_path: Path) -> None:
         # A longer transcript comes in through import (with a progress bar on stderr) ...
         transcript = tmp_path / "history.jsonl"
         lines = [{"role": "system", "content": "old system prompt"}]
+        notes = " ".join(f"note{j}" for j in range(300))  # big enough for a summary to pay
         for i in range(8):
-            lines += [{"role": "user", "content": f"step {i}: close ticket ORD-100{i}"},
+            lines += [{"role": "user", "content": f"step {i}: close ticket ORD-100{i}. {notes}"},
                       {"role": "assistant", "content": f"closed ORD-100{i}"}]
         transcript.write_text("".join(json.dumps(m) + "\n" for m in lines), encoding="utf-8")
         code, out, err = await run_cli("sessions", "import", str(transcript), "--json",

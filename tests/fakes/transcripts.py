@@ -3,19 +3,23 @@ gateway: the compaction promise's test (tests/gateway/test_compaction_promise.py
 benchmark (bench/compaction.py) share both.
 
 `generate(seed)` builds, deterministically, a ~59k-token (gpt-4o tiktoken) chat between an
-on-call engineer and an operations agent over 106 user turns, in English and Chinese: three big
-tool outputs (an orders CSV of 24 KB, a 50 KB worker log whose successful read is full of ERROR
-lines, a 12 KB invoice reconciliation CSV; ~27k tokens together: CSV rows cost ~2.7 characters a
-token) full of row numbers, order ids, hosts, paths and uuids, and ~27k tokens of the
-conversation's own text (more than a 32k window's usable 24k, so no pruning of tool outputs
-alone can make it fit); tool failures whose
-exit codes come in the forms real tools print them (`{"exit_code": 2, "stderr": ...}`,
-`returncode=1`, `[exit 1]`, `exit code 137`, `exit status 255`); planted decisions with their
-reasons, TODOs, constraints ("Never ...", "Always ...", and in Chinese) and pending asks;
-identifiers said in prose (`github.com/acme/infra-config`, `release/2026.12`), in tool
-arguments and in failures. The last message is the latest user ask. The `Transcript` it returns
-lists what was planted, and an `exam` of 30 questions an agent should still be able to answer
-after compaction, each with the term it would search for.
+on-call engineer and an operations agent over 106 user turns, in English and Chinese:
+
+- three big tool outputs full of row numbers, order ids, hosts, paths and uuids: an orders CSV
+  (24 KB), a worker log whose successful read is full of ERROR lines (50 KB), an invoice
+  reconciliation CSV (12 KB); ~27k tokens together (CSV rows cost ~2.7 characters a token, so
+  the bytes are below "~50 KB each" to keep the total near 59k);
+- ~27k tokens of the conversation's own text: more than a 32k window's usable 24k, so pruning
+  tool outputs alone cannot make it fit and compaction must run at 16k and 32k (not at 128k);
+- tool failures with exit codes in the forms tools print them (`{"exit_code": 2, "stderr":
+  ...}`, `returncode=1`, `[exit 1]`, `exit code 137`, `exit status 255`);
+- planted decisions with their reasons, TODOs, constraints ("Never ...", "Always ...", and in
+  Chinese) and pending asks; identifiers said in prose (`github.com/acme/infra-config`,
+  `release/2026.12`), in tool arguments and in failures.
+
+The last message is the latest user ask. The `Transcript` it returns lists what was planted, and
+an `exam` of 30 questions an agent should still be able to answer after compaction, each with
+the term it would search for.
 
 `run_case(...)` imports the transcript (all but the latest ask) as a session with the
 `sessions import` operation, sends the latest ask through webchat like any inbound message, lets
@@ -32,7 +36,7 @@ import re
 import time
 import uuid
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -48,14 +52,19 @@ __all__ = [
     "CaseResult",
     "Decision",
     "ExamQuestion",
-    "Failure",
     "Fact",
+    "Failure",
     "Transcript",
+    "case_queries",
+    "case_summary_timeout",
     "generate",
     "is_flush_request",
     "is_summary_request",
+    "promise_config",
+    "promise_sections",
     "prompt_text",
     "run_case",
+    "search_hits",
     "summarizer_fake",
 ]
 
@@ -140,7 +149,7 @@ class ExamQuestion:
     kind: str
     needles: tuple[str, ...]
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[str]:
         return iter((self.question, self.key_term, self.answer))
 
     def answered_by(self, text: str) -> bool:
@@ -148,7 +157,7 @@ class ExamQuestion:
         return all(re.search(n, flat, re.IGNORECASE) for n in self.needles)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Transcript:
     seed: int
     messages: list[Message]
@@ -1171,19 +1180,20 @@ def good_summary(text: str, t: Transcript, lossy: bool = False) -> str:
 
 
 def summarizer_fake(
-    kind: str, transcript: Transcript, chat_reply: str = "On it."
+    kind: str, transcript: Transcript, chat_reply: str = "On it.", *, every_call: bool = False
 ) -> Callable[[dict[str, Any]], Any]:
     """The fake server's `default`: summary calls behave as `kind`, the memory flush answers
-    NO_REPLY, chat calls get `chat_reply`."""
+    NO_REPLY, chat calls get `chat_reply`. `every_call`: every request is a summary call (for a
+    peer whose summary prompt is its own, e.g. langchain's)."""
     from tests.fakes.openai_server import error, hang, reply
 
     if kind not in SUMMARIZER_KINDS:
         raise ValueError(f"unknown summarizer kind {kind!r}")
 
     def answer(body: dict[str, Any]) -> Any:
-        if is_flush_request(body):
+        if not every_call and is_flush_request(body):
             return reply("NO_REPLY")
-        if not is_summary_request(body):
+        if not every_call and not is_summary_request(body):
             return reply(chat_reply)
         if kind == "empty":
             return reply("")
@@ -1215,6 +1225,16 @@ def prompt_text(messages: list[dict[str, Any]]) -> str:
         for call in m.get("tool_calls") or ():
             parts.append(str((call.get("function") or {}).get("arguments", "")))
     return "\n".join(parts)
+
+
+_HIT_HEADER = re.compile(r"^seq \d+ ·", re.MULTILINE)
+
+
+def search_hits(output: str) -> str:
+    """The result blocks of a `history_search` output (from the first `seq N · time · role`
+    header on): what counts as found, never an echo of the query or a "no matches" note."""
+    first = _HIT_HEADER.search(output or "")
+    return output[first.start():] if first else ""
 
 
 @dataclass
@@ -1256,9 +1276,27 @@ class CaseResult:
         return self.prompt_tokens <= self.usable
 
 
+@lru_cache(maxsize=4)
+def _history_tokens(transcript: Transcript) -> int:
+    from gateway.tokenizer import load_counter
+
+    counter = load_counter("gpt-4o")
+    return sum(counter.count_message(m) for m in transcript.messages)
+
+
 def write_agents_md(workspace: Path) -> None:
     workspace.mkdir(parents=True, exist_ok=True)
     (workspace / "AGENTS.md").write_text(AGENTS_MD, encoding="utf-8")
+
+
+SLOW_SUMMARY_TIMEOUT = 30.0
+
+
+def case_summary_timeout(kind: str, hanging_timeout: float = 1.0) -> float:
+    """`[context] summary_timeout` for a case: short for the hanging summarizer (it must be cut
+    off), long for the others, which answer at once, so that a loaded machine never turns them
+    into timeouts (a fallback the case did not ask for)."""
+    return hanging_timeout if kind == "hanging" else SLOW_SUMMARY_TIMEOUT
 
 
 def promise_sections(
@@ -1274,6 +1312,23 @@ def promise_sections(
     for key, value in (extra or {}).items():
         sections[key] = {**sections.get(key, {}), **value}
     return sections
+
+
+def promise_config(
+    base_url: str, data_dir: Path, window: int, summary_timeout: float = 1.0
+) -> Any:
+    """A whole Config for one case (the tests build theirs with the `make_config` fixture and
+    `promise_sections`)."""
+    from gateway.config import parse_config
+
+    data: dict[str, Any] = {
+        "gateway": {"data_dir": str(data_dir)},
+        "web": {"port": 0},
+        "llm": {"base_url": base_url, "api_key": "test"},
+    }
+    for key, value in promise_sections(window, summary_timeout).items():
+        data[key] = {**data.get(key, {}), **value}
+    return parse_config(data, "promise case")
 
 
 async def run_case(
@@ -1323,11 +1378,9 @@ async def run_case(
         tokens += counter.count_tools(chats[-1].get("tools") or [])
         resolution = gateway.resolver.window()
         usable = make_budget(resolution.tokens, gateway.resolver.budget).usable
-        history = [*transcript.history, Message(role="user", content=transcript.latest_ask)]
-        system = gateway.runner.system_prompt()
         tokens_before = (
-            sum(counter.count_message(m) for m in history)
-            + counter.count_message(Message(role="system", content=system))
+            _history_tokens(transcript)
+            + counter.count_message(Message(role="system", content=gateway.runner.system_prompt()))
             + counter.count_tools(gateway.tools.specs())
         )
         session = await gateway.store.get_session(SESSION_KEY)

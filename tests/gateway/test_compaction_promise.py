@@ -33,13 +33,16 @@ from tests.fakes.transcripts import (
     CaseResult,
     Transcript,
     case_queries,
+    case_summary_timeout,
     generate,
     promise_sections,
     run_case,
+    search_hits,
 )
 
 WINDOWS = (16_000, 32_000, 128_000)
 SUMMARY_TIMEOUT = 1.0
+"""`[context] summary_timeout` of the hanging summarizer's cases (the others get 30 s)."""
 
 
 @pytest.fixture(scope="module")
@@ -115,10 +118,12 @@ def promise_problems(r: CaseResult, t: Transcript) -> list[str]:
 
     problems.extend(_pairing_problems(r.prompt))
 
-    lost = [i for i in t.identifiers if i not in text and i not in r.searches.get(i, "")]
+    lost = [i for i in t.identifiers if i not in text and i not in search_hits(r.searches.get(i, ""))]
     if lost:
+        sample = (r.searches.get(lost[0]) or "")[:300]
         how = (
-            "history_search is registered but did not return them"
+            f"history_search is registered but did not return them; it answered "
+            f"{{'query': {lost[0]!r}, 'limit': 5}} with {sample!r}"
             if r.search_registered
             else "the history_search tool is not registered, so nothing outside the prompt can "
             "be looked up"
@@ -143,7 +148,7 @@ def _pairing_problems(prompt: list[dict[str, Any]]) -> list[str]:
             call_id = m.get("tool_call_id")
             if call_id not in offered:
                 problems.append(f"tool result {call_id} (message {i}) has no tool call before it")
-            open_calls.pop(call_id, None)
+            open_calls.pop(str(call_id), None)
     for call_id, i in open_calls.items():
         problems.append(f"tool call {call_id} (message {i}) has no tool result")
     return problems
@@ -155,7 +160,8 @@ async def test_the_next_prompt_keeps_the_promise(
     make_config: MakeConfig, transcript: Transcript, window: int, kind: str
 ) -> None:
     async with FakeOpenAI(models=["gpt-4o"]) as fake:
-        config = make_config(fake, **promise_sections(window, SUMMARY_TIMEOUT))
+        timeout = case_summary_timeout(kind, SUMMARY_TIMEOUT)
+        config = make_config(fake, **promise_sections(window, timeout))
         result = await run_case(config, fake, transcript, kind, queries=transcript.identifiers)
     problems = promise_problems(result, transcript)
     compaction = result.compactions[-1]["quality"] if result.compactions else None

@@ -98,10 +98,8 @@ async def test_compacted_messages_are_one_lookup_away(tmp_path: Path, database_u
             found = await search(gateway, ALICE, "ORD-88123")
             blocks = found.split("\n\n")
             # The user's message (seq 1) and the echo of it (seq 2), newest first.
-            assert re.match(r"seq 2 · \d{4}-\d\d-\d\d \d\d:\d\d · assistant \(identifier\)\n",
-                            blocks[0]) or blocks[0].startswith("seq 2 · time unknown · assistant"), (
-                found
-            )
+            heading = r"seq 2 · \d{4}-\d\d-\d\d \d\d:\d\d · assistant \(identifier\)\n"
+            assert re.match(heading, blocks[0]), found
             assert blocks[1].startswith("seq 1 · ") and "· user (identifier)\n" in blocks[1]
             assert "ORD-88123" in blocks[1]
             assert SECRET not in found and "[REDACTED:openai_key]" in found, "redacted"
@@ -141,3 +139,47 @@ async def test_compacted_messages_are_one_lookup_away(tmp_path: Path, database_u
             cli, config_path, "sessions", "search", "agent:main:nobody", "ORD-88123"
         )
         assert code == 1 and "no session 'agent:main:nobody'" in err
+
+
+async def test_a_reset_archives_its_messages_and_their_identifiers(
+    tmp_path: Path, database_url: str
+) -> None:
+    async with FakeOpenAI(default=summarizer_and_echo) as fake:
+        gateway = Gateway(load_config(write_config(tmp_path, fake, database_url)))
+        rg = RunningGateway(gateway)
+        await gateway.start()
+        try:
+            await rg.ask(f"incident INC0012345 hit db-7.internal:5432, key {SECRET}", "alice")
+            await rg.ask("and the runbook is docs/runbooks/failover.md", "alice")
+            async with gateway.lanes.hold(ALICE):
+                assert await gateway.runner.reset_session(ALICE, "test", flush=False) is not None
+            # No compaction result ranked them: they were extracted from the archived texts.
+            for query in ("INC0012345", "db-7.internal:5432", "docs/runbooks/failover.md"):
+                found = await search(gateway, ALICE, query)
+                assert "user (identifier)" in found and query in found, (query, found)
+            assert SECRET not in await search(gateway, ALICE, "incident", limit=20)
+            assert await search(gateway, BOB, "INC0012345") == NO_MATCHES
+        finally:
+            await gateway.stop()
+
+
+def test_hits_render_with_local_time_role_and_tool() -> None:
+    from gateway.history_tools import render_hits, when
+    from memory.index import HistoryHit
+
+    assert when("2026-03-01T10:05:00+00:00", "Asia/Shanghai") == "2026-03-01 18:05"
+    assert when(None, "UTC") == "time unknown"
+    assert when("not a time", "UTC") == "not a time"
+    text = render_hits(
+        [
+            HistoryHit(7, "tool", "2026-03-01T10:05:00+00:00", "status: failed", "identifier",
+                       1.0, "orders_get"),
+            HistoryHit(1, "transcript", None, "USER: old text", "words", 2.5, None, 4),
+        ],
+        "UTC",
+    )
+    assert text == (
+        "seq 7 · 2026-03-01 10:05 · tool orders_get (identifier)\nstatus: failed\n\n"
+        "seq 1-4 · time unknown · transcript (words)\nUSER: old text"
+    )
+    assert render_hits([], "UTC") == NO_MATCHES

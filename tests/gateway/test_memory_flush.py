@@ -92,7 +92,7 @@ async def test_flush_before_compaction_on_the_overflow_path_and_cycles_survive_r
         config = rg.gateway.config
         try:
             for i in range(4):
-                await rg.ask(f"fact {i}")
+                await rg.ask(f"fact {i} " + FILLER)
             fake.script(context_overflow())
             await rg.ask("and now?")
             seen = kinds(fake)
@@ -109,7 +109,7 @@ async def test_flush_before_compaction_on_the_overflow_path_and_cycles_survive_r
         try:
             fake.clear()
             for i in range(4):
-                await rg2.ask(f"more {i}")
+                await rg2.ask(f"more {i} " + FILLER)
             fake.script(context_overflow())
             await rg2.ask("again?")
             seen = kinds(fake)
@@ -131,7 +131,7 @@ async def test_failed_flush_never_blocks_compaction_nor_marks_the_cycle(
         rg = await start(make_config, fake, window=200_000)
         try:
             for i in range(4):
-                await rg.ask(f"fact {i}")
+                await rg.ask(f"fact {i} " + FILLER)
             fake.script(context_overflow())
             assert await rg.ask("and now?") == ["echo: and now?"]
             assert "summary" in kinds(fake)
@@ -203,7 +203,7 @@ async def test_compacted_messages_stay_searchable_as_transcripts(make_config: Ma
             key = "sk-proj-abcdEFGH1234ijklMNOP5678qrstUVWX"
             await rg.ask(f"the staging password rotation happens on Tuesdays; key {key}")
             for i in range(4):
-                await rg.ask(f"filler {i}")
+                await rg.ask(f"filler {i} " + FILLER)
             [answer] = await rg.ask("/compact")
             assert answer.startswith("Compacted")
             hits = rg.gateway.memory_index.search("rotation Tuesdays", corpus="transcripts")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -9,7 +11,7 @@ from gateway.app import Gateway
 from gateway.web import WebServer, build_app
 from tests.conftest import MakeConfig, RunningGateway
 from tests.fakes import FakeOpenAI, error
-from tests.gateway.test_memory_flush import FILLER, scripted
+from tests.gateway.test_memory_flush import FILLER, kind, scripted
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -47,8 +49,18 @@ async def test_metrics_count_turns_tokens_compactions_flushes_and_failures(
 
             for i in range(7):
                 await rg.ask(f"message {i} " + FILLER)
-            fake.script(error(500), error(500))  # the SDK's retry sees the second one
+            def fails_this_turn(body: dict[str, Any]) -> Any:
+                # Only the chat call fails (and the SDK's retry of it), not a summary or the
+                # memory flush that the same turn may run first.
+                if kind(body) == "chat" and body["messages"][-1]["content"] == "this turn fails":
+                    return error(500)
+                return scripted(body)
+
+            fake.default = fails_this_turn
             await rg.ask("this turn fails")
+            fake.default = scripted
+            for i in range(3):  # the failing turn compacted: new turns for /compact to take
+                await rg.ask(f"short {i}")
             await rg.ask("/compact")
 
             ctype, text = await scrape(url)
@@ -60,8 +72,8 @@ async def test_metrics_count_turns_tokens_compactions_flushes_and_failures(
 
     ok = got[("gatehouse_turns_total", (("outcome", "ok"), ("platform", "webchat")))]
     failed = got[("gatehouse_turns_total", (("outcome", "error"), ("platform", "webchat")))]
-    assert (ok, failed) == (8, 1), "7 chats and the /compact turn; one failure"
-    assert got[("gatehouse_turn_duration_seconds_count", (("platform", "webchat"),))] == 9
+    assert (ok, failed) == (11, 1), "10 chats and the /compact turn; one failure"
+    assert got[("gatehouse_turn_duration_seconds_count", (("platform", "webchat"),))] == 12
     assert got[("gatehouse_turn_duration_seconds_sum", (("platform", "webchat"),))] > 0
     assert got[("gatehouse_llm_tokens_total", (("direction", "in"),))] > 7 * 1_000
     assert got[("gatehouse_llm_tokens_total", (("direction", "out"),))] > 0
