@@ -739,7 +739,9 @@ def _latest_ask(messages: Sequence[Message]) -> str | None:
     return None
 
 
-def _redacted(messages: Sequence[Message]) -> list[Message]:
+def redact_messages(messages: Sequence[Message]) -> list[Message]:
+    """`messages` with every secret in their text and tool-call arguments replaced by its
+    marker: what a summarizer, a memory flush or an archive may see."""
     out: list[Message] = []
     for m in messages:
         text, found = redact_secrets(m.text) if m.text else (m.text, [])
@@ -796,8 +798,8 @@ async def compact(
         return None
     # Everything that can reach the summarizer or the summary is redacted first: the span, the
     # recent turns quoted in the augmentation, the latest ask and `/compact` instructions.
-    compacted = _redacted(span.compacted)
-    kept_redacted = _redacted(span.kept)
+    compacted = redact_messages(span.compacted)
+    kept_redacted = redact_messages(span.kept)
     latest_ask = _latest_ask([*compacted, *kept_redacted])
     if settings.instructions:  # `/compact <instructions>` is user text too
         settings = replace(settings, instructions=redact_secrets(settings.instructions)[0])
@@ -1012,6 +1014,7 @@ __all__ = [
     "extractive_summary",
     "fit_summary",
     "merge_prompt",
+    "redact_messages",
     "render_transcript",
     "salient_sentences",
     "split_chunks",

@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from context.compaction import redact_messages
+from context.identifiers import redact_secrets
 from context.types import Message
 from gateway.llm import LLMError, LLMProvider
 from gateway.store import SessionRow, Store
@@ -82,17 +84,19 @@ class MemoryTools:
         ]
 
     async def _write(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        text, secrets = redact_secrets(str(args["text"]))
         try:
             entry = await asyncio.to_thread(
                 append_note,
                 self.workspace,
-                str(args["text"]),
+                text,
                 session_key=ctx.session_key,
                 tz=self.timezone,
             )
         except (ValueError, OSError) as exc:
             raise ToolError(str(exc)) from None
-        return f"saved to {entry.path} (lines {entry.start_line}-{entry.end_line})"
+        redacted = f"; {len(secrets)} secret(s) redacted" if secrets else ""
+        return f"saved to {entry.path} (lines {entry.start_line}-{entry.end_line}){redacted}"
 
     async def _search(self, args: dict[str, Any], _ctx: ToolContext) -> str:
         def run() -> list[Any]:
@@ -157,7 +161,9 @@ class MemoryFlush:
         """Run the flush; True when it completed (and the cycle is marked flushed)."""
         assert session.id is not None
         ctx = ToolContext(session_key=session.key, timezone=self.timezone)
-        messages = [*prompt, Message(role="user", content=FLUSH_PROMPT)]
+        # Secrets never reach the flush turn (nor, through it, the notes): redacted as in
+        # summaries; the stored messages keep them.
+        messages = [*redact_messages(prompt), Message(role="user", content=FLUSH_PROMPT)]
         writes = 0
         try:
             for _round in range(self.max_rounds):

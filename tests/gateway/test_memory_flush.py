@@ -213,3 +213,33 @@ async def test_compacted_messages_stay_searchable_as_transcripts(make_config: Ma
             assert rg.gateway.memory_index.search("abcdEFGH1234", corpus="transcripts") == []
         finally:
             await rg.gateway.stop()
+
+
+async def test_secrets_reach_neither_the_flush_turn_nor_the_notes(make_config: MakeConfig) -> None:
+    from gateway.tools import ToolContext
+
+    secret = "sk-proj-Zq8xW2vN5mK1pR7tY4uI9oL3aS6dF0gH2jK4"
+    async with FakeOpenAI(default=scripted) as fake:
+        rg = await start(make_config, fake, window=200_000)
+        try:
+            await rg.ask(f"my key is {secret}; keep it safe. " + FILLER)
+            for i in range(3):
+                await rg.ask(f"filler {i} " + FILLER)
+            [answer] = await rg.ask("/compact")
+            assert answer.startswith("Compacted"), answer
+            flushes = [b for b in fake.requests if kind(b) == "flush"]
+            assert flushes, "the flush ran"
+            assert all(secret not in json.dumps(b) for b in flushes)
+            assert any("[REDACTED:openai_key]" in json.dumps(b) for b in flushes)
+            # A note the model writes with a pasted secret is stored redacted.
+            result = await rg.gateway.runner.tools.call(
+                "memory_write", json.dumps({"text": f"the deploy key is {secret}"}),
+                ToolContext(session_key=KEY),
+            )
+            assert not result.is_error and "1 secret(s) redacted" in result.content
+            notes = "".join(
+                p.read_text() for p in (rg.gateway.config.workspace / "memory").glob("*.md")
+            )
+            assert secret not in notes and "the deploy key is [REDACTED:openai_key]" in notes
+        finally:
+            await rg.gateway.stop()
