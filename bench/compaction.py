@@ -648,26 +648,25 @@ def print_promise(p: dict[str, Any]) -> None:
             "hanging summarizer, 30 s for the others"
         ),
         caption=(
-            "ids: in the summary / in the prompt / + found by one history_search / lost. "
+            "ids (of the planted ones): in the summary / in the prompt / + found only by one "
+            "history_search / lost. "
             "kept %: decisions (with reason) / TODOs / rules in the prompt. "
             "recall: answerable from the prompt + from one history_search (top 5) of its key term."
         ),
     )
     for col in (
         "window", "summarizer", "fits", "tokens before → after", "÷ usable",
-        "ids sum/prompt/+lookup/lost", "kept % dec/todo/rule", "recall (prompt+lookup)",
+        "ids s/p/+l/lost", "kept % dec/todo/rule", "recall (prompt+lookup)",
         "turn s", "fallback",
     ):
         table.add_column(col, justify="left" if col in ("summarizer", "fallback") else "right")
     for c in p["cases"]:
-        total = c["ids_total"]
         table.add_row(
             f"{c['window'] // 1000}k", c["kind"], _yes(c["fits"]),
             f"{c['tokens_before']:,} → {c['tokens_after']:,}",
             f"{c['tokens_after'] / c['usable']:.2f}",
             f"{c['ids_in_summary']}/{c['ids_in_prompt']}/+{c['ids_by_lookup']}/"
-            + (f"[red]{len(c['ids_lost'])}[/]" if c["ids_lost"] else "0")
-            + f" of {total}",
+            + (f"[red]{len(c['ids_lost'])}[/]" if c["ids_lost"] else "0"),
             _kept(c),
             f"{c['recall']:.0%} ({c['recall_in_prompt']:.0%}+{c['recall_by_lookup']:.0%})",
             f"{c['turn_s']:.2f}", str(c["fallback"] or "—"),
@@ -693,7 +692,7 @@ def print_promise(p: dict[str, Any]) -> None:
         after = r["tokens_after"]
         note = r.get("error") or ""
         if r["engine"] == GATEHOUSE:
-            note = f"+{r['ids_by_lookup']} ids by lookup"
+            note = f"+{r['ids_by_lookup']} by lookup"
         versus.add_row(
             r["engine"], f"{r['window'] // 1000}k", r["kind"], _yes(r["fits"]),
             "—" if after is None else f"{after:,}",

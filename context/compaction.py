@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from context.failures import tool_failure
+from context.failures import READ_TOOLS, tool_failure
 from context.history import split_turns
 from context.identifiers import Identifier, inline_code, redact_secrets
 from context.quality import (
@@ -64,7 +64,7 @@ REFERENCE_HEADER = (
 IDENTIFIERS_HEADING = "## Exact identifiers"
 SUMMARY_MAX_CHARS = 16_000
 MAX_TOOL_FAILURES = 8
-TOOL_FAILURE_CHARS = 240
+TOOL_FAILURE_CHARS = 320
 FILES_LIST_CHARS = 900
 RECENT_TURN_CHARS = 600
 RULES_CHARS = 2_000
@@ -309,7 +309,6 @@ def merge_prompt(
 
 # -- augmentation ---------------------------------------------------------------------------
 
-_READ_TOOLS = ("read", "cat", "open", "view", "get", "load", "fetch", "search", "list", "grep")
 _WRITE_TOOLS = ("write", "edit", "patch", "save", "create", "delete", "remove", "move", "append")
 
 
@@ -330,7 +329,7 @@ def tool_failures(messages: Sequence[Message]) -> list[str]:
         if failure is None:
             continue
         status = f"exit code {failure.exit_code}" if failure.exit_code is not None else "error"
-        args = _clip(failure.arguments, 80)
+        args = _clip(failure.arguments, 160)
         where = f" (seq {failure.seq})" if failure.seq is not None else ""
         out.append(
             _clip(f"{failure.tool}({args}) failed [{status}]{where}: {failure.detail}",
@@ -363,7 +362,7 @@ def file_activity(messages: Sequence[Message]) -> tuple[list[str], list[str]]:
             paths = _paths_in(call.arguments)
             name = call.name.lower()
             target = modified if any(w in name for w in _WRITE_TOOLS) else (
-                read if any(r in name for r in _READ_TOOLS) else None
+                read if any(r in name for r in READ_TOOLS) else None
             )
             if target is None:
                 continue
@@ -544,7 +543,8 @@ _RULE_RE = re.compile(
     r"\b(must|never|always|don'?t|do not|only|required?)\b|不要|不能|必须|禁止|务必|只能",
     re.IGNORECASE,
 )
-_SENTENCE_RE = re.compile(r"(?<=[.!?。！？])\s*|\n+")
+# After `.!?` only before a space (`2026.12.3` is one word); after CJK punctuation always.
+_SENTENCE_RE = re.compile(r"(?<=[.!?])\s+|(?<=[。！？])\s*|\n+")
 ITEM_CHARS = 300
 
 

@@ -82,7 +82,11 @@ def tool_failure(message: Message, call: ToolCall | None = None) -> ToolFailure 
     elif flag is False:
         failed = False
     else:
-        failed = any(looks_like_error(line) for line in (*head, *tail))
+        # A read's output is what was read: a log whose last lines are errors is a successful
+        # read of a log. Only its head can say the read itself failed ("error: no such file").
+        tool = (message.name or (call.name if call is not None else "") or "").lower()
+        edges = head if any(word in tool for word in READ_TOOLS) else (*head, *tail)
+        failed = any(looks_like_error(line) for line in edges)
     if not failed:
         return None
     detail = verdict.detail if verdict is not None and verdict.detail else ""
@@ -112,6 +116,14 @@ def exit_code_of(text: str) -> int | None:
 
 
 # ------------------------------------------------------------------------------ internals
+
+
+#: Tool names that read something (a file, a log, a page, search results): their output
+#: quotes what they read, so error lines at its end are content, not a failure.
+READ_TOOLS = (
+    "read", "cat", "open", "view", "get", "load", "fetch", "search", "list", "grep", "tail",
+    "head", "log", "show", "query", "find", "browse", "download",
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -490,7 +490,12 @@ def _judge_path(raw: str) -> tuple[str, str] | None:
         ok = len(segs) >= 2 or value.endswith("/") or ("." in last.strip("."))
         return (value, "path") if ok else None
     if len(segs) >= 2 and _is_host(segs[0]):
-        return value, "url"  # `github.com/acme/infra-config`: a URL without its scheme
+        # `github.com/acme/infra-config`: a URL without its scheme; an image reference keeps
+        # its tag (`registry.acme.io/billing-api:2026.12.3`).
+        return value, "url"
+    if ":" in segs[-1]:  # a tag only belongs to an image reference: `src/app.py:42` is a path
+        value = _strip_trailing(value[: value.rindex(":")])
+        segs = [s for s in value.split("/") if s]
     if _has_ext(segs[-1]) or (value.endswith("/") and len(segs) >= 2):
         return value, "path"
     if len(segs) >= 2 and _has_digit(segs[-1]) and any(map(_is_branch_word, segs)):
@@ -610,7 +615,7 @@ def _kind(kind: str) -> _Judge:
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOST = rf"{_LABEL}(?:\.{_LABEL})*"
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
-_SEG = rf"[{_L}.@%+=~-]+"
+_SEG = rf"[{_L}.@%+~-]+"  # no `=`: `-out=/tmp/plan.tfplan` is a flag, then a path
 _WIN_SEG = rf"[^\\/:*?\"<>|\s`{_CJK}{_WIDE}]+"
 
 _CUSTOM = _kind("custom")
@@ -671,7 +676,7 @@ _RULES: tuple[_Rule, ...] = (
     _Rule(
         re.compile(
             rf"(?<![{_L}:/.~\\-])(?:(?:~[{_L}.-]*|\.\.?)?(?:/{_SEG})+/?"
-            rf"|{_SEG}(?:/{_SEG})+/?)"
+            rf"|{_SEG}(?:/{_SEG})+(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?/?)"
         ),
         _judge_path,
         ("/",),

@@ -28,6 +28,7 @@ from context.compaction import (
     SummaryCall,
 )
 from context.engine import ContextEngine, ContextPlan, ContextSettings, TurnContext
+from context.failures import tool_failure
 from context.identifiers import extract_identifiers, redact_secrets
 from context.pruning import cap_tool_output, tool_result_cap_chars
 from context.types import Message
@@ -723,10 +724,28 @@ class Runner:
 
         def prepare() -> tuple[list[ArchivedMessage], list[tuple[str, str, list[int]]]]:
             archived: list[ArchivedMessage] = []
+            # Each call and its result carry the outcome, so the excerpt that matches the
+            # command (or the output) says how it ended.
+            calls = {c.id: c for m in covered for c in m.tool_calls}
+            outcome: dict[str, str] = {}
+            for m in covered:
+                if m.role == "tool" and m.tool_call_id:
+                    failure = tool_failure(m, calls.get(m.tool_call_id))
+                    if failure is not None:
+                        code = failure.exit_code
+                        outcome[m.tool_call_id] = (
+                            f"[failed, exit code {code}]" if code is not None else "[failed]"
+                        )
             for m in covered:
                 assert m.seq is not None
+                text = m.text
+                if m.role == "tool" and m.tool_call_id in outcome:
+                    text = f"{outcome[m.tool_call_id]} {text}"
                 body = "\n".join(
-                    [m.text, *(f"→ {c.name}({c.arguments})" for c in m.tool_calls)]
+                    [text, *(
+                        f"→ {c.name}({c.arguments}) {outcome.get(c.id, '')}".rstrip()
+                        for c in m.tool_calls
+                    )]
                 ).strip()
                 created = m.meta.get("created_at")
                 if isinstance(created, datetime):
