@@ -65,6 +65,7 @@ SCRIPTS = (
     Script("crash"),
     Script("load", timeout=7_200.0),
     Script("scale"),
+    Script("hardening", timeout=600.0),
 )
 NOT_RUN_DIRECTLY = {
     "__init__.py": "the package marker",
@@ -370,6 +371,31 @@ def rows_scale(r: list[dict[str, Any]]) -> list[Row]:
     return rows
 
 
+def rows_hardening(r: dict[str, Any]) -> list[Row]:
+    """One row per endpoint: what its attacks got, against the goal of 0 5xx / 0 unrefused /
+    0 tracebacks / exactly one log line each; the same-message_id probe's wrong replies."""
+    name = f"Hardening, {r['attacks']} attacks on every endpoint"
+    rows: list[Row] = []
+    for x in r["rows"]:
+        if x["wrong_session"] is None:
+            bad = x["5xx"] + x["other"] + x["tracebacks"] + x["log_lines_off"]
+            rows.append((
+                name, f"`{x['endpoint']}`: 4xx of tried; 5xx / not refused / tracebacks / "
+                "log lines ≠ 1",
+                f"{x['4xx']} of {x['tried']}; {x['5xx']} / {x['other']} / {x['tracebacks']} / "
+                f"{x['log_lines_off']}",
+                f"{x['tried']} of {x['tried']}; 0 / 0 / 0 / 0", "goal", "met" if not bad else "missed",
+            ))
+        else:
+            rows.append((
+                f"Webchat, {r['pairs']} pairs of users posting the same message_id at once",
+                "replies to the wrong session / requests without their reply",
+                f"{x['wrong_session']} / {x['unanswered']} of {x['tried']}", "0 / 0", "goal",
+                "met" if not (x["wrong_session"] or x["unanswered"]) else "missed",
+            ))
+    return rows
+
+
 ROWS: dict[str, Callable[[Any], list[Row]]] = {
     "context_assembly": rows_context_assembly,
     "compaction": rows_compaction,
@@ -380,6 +406,7 @@ ROWS: dict[str, Callable[[Any], list[Row]]] = {
     "crash": rows_crash,
     "load": rows_load,
     "scale": rows_scale,
+    "hardening": rows_hardening,
 }
 
 
@@ -580,6 +607,12 @@ def render(report: dict[str, Any], charts: list[tuple[str, str]]) -> str:
         "- **Load**: `bench/load.py`, `gatehouse run` as a subprocess, every session sending two "
         "messages in a row, waiting for the answers, and going on; peak RSS is the gateway "
         "process's high-water mark.",
+        "- **Hardening**: `bench/hardening.py`, the attack list of `tests/security/attacks.py` "
+        "(malformed and deep JSON, wrong content types, oversized bodies, forged Origin/Referer, "
+        "foreign Host headers, unsigned webhooks, a login brute force) sent once, one request at "
+        "a time, to a real gateway web server on 127.0.0.1 with every endpoint on (webchat, "
+        "admin with anonymous access and a token, Slack HTTP mode, Telegram webhook, /metrics, "
+        "/healthz); log lines and tracebacks are counted from the process's own log.",
         "",
     ]
     return "\n".join(lines)
