@@ -7,6 +7,7 @@ platform-specific travels past this module.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -125,38 +126,129 @@ async def send_parts(
             raise PartlySent(index, exc) from exc
 
 
+StoredReply = Callable[[str, str], Awaitable["list[str] | None"]]
+"""(chat id, platform message id) -> the reply the store holds for that inbound message: None
+while it is unanswered (or unknown), [] when it was handled without a reply of its own."""
+
+
 class ReplyWaiters:
     """Lets a request/response channel (console, webchat) wait for the reply to its message.
 
-    The gateway answers asynchronously through `Channel.send`; the waiter for each platform
-    message id named in `OutboundMessage.answers` is resolved with the reply text.
+    The gateway answers asynchronously through `Channel.send`; each waiter named by
+    `OutboundMessage.answers` is resolved with the reply text. A waiter is keyed by (chat id,
+    platform message id), the pair the store deduplicates by: a message id belongs to the chat
+    (the person) that sent it, so two users' ids never meet, and the chat id on the reply is the
+    one the message came from (`Runner.run_turn`). Several requests may wait for one message
+    (retries): the reply resolves them all.
+
+    With `stored` (the gateway sets it, `Gateway.add_channel`), `wait` also looks in the store
+    every `poll_interval` seconds, for a reply that was stored but went elsewhere: to another
+    chat of a shared session (``dm_scope`` ``main`` / ``per-peer``), or from another process.
     """
 
-    def __init__(self) -> None:
-        self._waiting: dict[str, asyncio.Future[list[str]]] = {}
+    def __init__(self, stored: StoredReply | None = None, poll_interval: float = 1.0) -> None:
+        self.stored = stored
+        self.poll_interval = poll_interval
+        self._waiting: dict[tuple[str, str], list[asyncio.Future[list[str]]]] = {}
 
-    def expect(self, message_id: str) -> asyncio.Future[list[str]]:
+    def expect(self, chat_id: str, message_id: str) -> asyncio.Future[list[str]]:
         future: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
-        self._waiting[message_id] = future
+        self._waiting.setdefault((chat_id, message_id), []).append(future)
         return future
 
-    def forget(self, message_id: str) -> None:
-        self._waiting.pop(message_id, None)
+    def forget(self, chat_id: str, message_id: str, future: asyncio.Future[list[str]]) -> None:
+        """Stop waiting with `future` (the others waiting for the same message go on)."""
+        key = (chat_id, message_id)
+        futures = self._waiting.get(key)
+        if futures is None:
+            return
+        if future in futures:
+            futures.remove(future)
+        if not futures:
+            del self._waiting[key]
 
     def resolve(self, message: OutboundMessage) -> None:
         ids = message.answers or ((message.reply_to,) if message.reply_to else ())
         for message_id in ids:
-            future = self._waiting.pop(message_id, None)
-            if future is not None and not future.done():
-                future.set_result([message.text])
+            for future in self._waiting.pop((message.chat_id, message_id), ()):
+                if not future.done():
+                    future.set_result([message.text])
+
+    async def wait(
+        self,
+        chat_id: str,
+        message_id: str,
+        future: asyncio.Future[list[str]],
+        within: float,
+        *,
+        look_first: bool = False,
+    ) -> list[str]:
+        """The reply to (chat id, message id), whichever way it comes first: `future` (from
+        `expect`) resolved by `resolve`, or the store (first at once with `look_first`: a repeat
+        of a message that may be answered already). `TimeoutError` after `within` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        look = look_first
+        while True:
+            if look and self.stored is not None and not future.done():
+                found = await self.stored(chat_id, message_id)
+                if found is not None:
+                    return found
+            left = deadline - loop.time()
+            if left <= 0 and not future.done():
+                raise TimeoutError(f"no reply within {within:g} s")
+            step = left if self.stored is None else min(left, self.poll_interval)
+            done, _pending = await asyncio.wait({future}, timeout=max(step, 0))
+            if done:
+                return future.result()
+            look = True
 
     def fail_all(self, reason: str) -> None:
-        for future in self._waiting.values():
-            if not future.done():
-                future.set_exception(ConnectionAbortedError(reason))
-                # Nobody may be awaiting it any more; don't warn about an unretrieved error.
-                future.add_done_callback(lambda f: f.exception())
+        for futures in self._waiting.values():
+            for future in futures:
+                if not future.done():
+                    future.set_exception(ConnectionAbortedError(reason))
+                    # Nobody may be awaiting it any more; don't warn about an unretrieved error.
+                    future.add_done_callback(lambda f: f.exception())
         self._waiting.clear()
+
+
+@runtime_checkable
+class AnswersRequests(Protocol):
+    """A channel whose callers wait for the reply to what they sent (console, webchat): the
+    gateway gives it `StoredReply` for its platform, so a repeat of a message gets the stored
+    reply and a reply sent elsewhere is still found (`ReplyWaiters`)."""
+
+    stored_reply: StoredReply | None
+
+
+ZERO_WIDTH = "\u200b\u200c\u200d\u2060\ufeff"
+"""Zero-width space, non-joiner, joiner, word joiner and BOM: invisible, and not whitespace to
+`str.strip` (they are format characters)."""
+_INVISIBLE = str.maketrans(dict.fromkeys(ZERO_WIDTH))
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def is_blank(text: str) -> bool:
+    """Nothing a person can see: empty, whitespace, or zero-width characters only.
+
+    Every channel treats such text as it treats empty text, and such an id as a missing one.
+    """
+    return not text.translate(_INVISIBLE).strip()
+
+
+def id_problem(value: str) -> str | None:
+    """Why the store cannot keep this id as it is (None: it can).
+
+    PostgreSQL text holds no NUL and UTF-8 no unpaired surrogate (JSON can carry ``"\\ud800"``).
+    Such an id is refused, never rewritten: any storable spelling of it (``\\x00``, an escape)
+    is also an id someone else can send, and the two would share a session.
+    """
+    if "\x00" in value:
+        return "contains a NUL character"
+    if _SURROGATE.search(value):
+        return "contains an unpaired surrogate (\\ud800-\\udfff)"
+    return None
 
 
 @runtime_checkable

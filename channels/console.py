@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import getpass
 import uuid
 
@@ -12,6 +11,9 @@ from channels.base import (
     InboundMessage,
     OutboundMessage,
     ReplyWaiters,
+    StoredReply,
+    id_problem,
+    is_blank,
 )
 
 
@@ -20,10 +22,28 @@ class ConsoleChannel:
     capabilities = ChannelCapabilities(max_message_chars=1_000_000)
 
     def __init__(self, user_id: str | None = None, reply_timeout: float = 600.0) -> None:
-        self.user_id = user_id or getpass.getuser()
+        """`user_id` None chats as the login name; a blank one (or one holding a NUL or an
+        unpaired surrogate, from a non-UTF-8 command line) is refused by `ask`."""
+        self.user_id = getpass.getuser() if user_id is None else user_id
         self.reply_timeout = reply_timeout
         self._waiters = ReplyWaiters()
         self._handler: InboundHandler | None = None
+
+    @property
+    def stored_reply(self) -> StoredReply | None:
+        """How to find a stored reply (set by `Gateway.add_channel`; see `ReplyWaiters`)."""
+        return self._waiters.stored
+
+    @stored_reply.setter
+    def stored_reply(self, lookup: StoredReply | None) -> None:
+        self._waiters.stored = lookup
+
+    def user_problem(self) -> str | None:
+        """Why `user_id` cannot name a chat (None: it can), as the console tells its user."""
+        if is_blank(self.user_id):
+            return "Your user id is blank (empty, spaces or zero-width characters only)."
+        problem = id_problem(self.user_id)
+        return None if problem is None else f"Your user id {problem}; ids must be plain text."
 
     async def start(self, on_message: InboundHandler) -> None:
         self._handler = on_message
@@ -38,8 +58,11 @@ class ConsoleChannel:
         """Send one line as the console user; return (session key, replies)."""
         if self._handler is None:
             raise RuntimeError("console channel is not started")
+        refused = self.user_problem()
+        if refused is not None:
+            return None, [f"{refused} Choose another with --user."]
         message_id = uuid.uuid4().hex
-        future = self._waiters.expect(message_id)
+        future = self._waiters.expect(self.user_id, message_id)
         try:
             result = await self._handler(
                 InboundMessage(
@@ -56,7 +79,9 @@ class ConsoleChannel:
                 return result.session_key, []
             if not result.accepted and not future.done():
                 return result.session_key, [result.reason or "Message not accepted."]
-            replies = await asyncio.wait_for(future, timeout=self.reply_timeout)
+            replies = await self._waiters.wait(
+                self.user_id, message_id, future, self.reply_timeout
+            )
             return result.session_key, replies
         finally:
-            self._waiters.forget(message_id)
+            self._waiters.forget(self.user_id, message_id, future)

@@ -70,6 +70,7 @@ from channels.base import (
     InboundHandler,
     InboundMessage,
     OutboundMessage,
+    is_blank,
     send_parts,
 )
 from channels.formatting import DISCORD_LIMIT, DISCORD_MAX_LINES, chunk_text, preview_tail
@@ -330,7 +331,7 @@ class DiscordChannel:
             }
             for a in message.attachments
         )
-        if not text and not attachments:
+        if is_blank(text) and not attachments:  # zero-width characters only count as empty
             return None
         return InboundMessage(
             platform=self.name,

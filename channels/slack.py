@@ -7,9 +7,14 @@ Transport (all of it is bolt / slack-sdk; nothing here re-implements it):
   envelope. The URL is issued once in ``start()`` through the SDK's own
   ``issue_new_wss_url()`` so a bad app token fails ``start()`` instead of retrying forever.
 - **HTTP mode** (``mode = "http"``): ``add_routes()`` mounts ``POST /slack/events`` on the
-  gateway's aiohttp app and hands every request to ``AsyncApp.async_dispatch`` through bolt's
-  aiohttp adapter. Bolt verifies the signature (401 for a forged one or a timestamp older than
-  five minutes) and answers ``url_verification`` challenges.
+  gateway's aiohttp app and hands every request to ``AsyncApp.async_dispatch``. The signature is
+  checked first, on the raw bytes, with the SDK's own ``SignatureVerifier`` (401 for a missing or
+  forged one or a timestamp older than five minutes) -- bolt's aiohttp adapter would parse the
+  body (JSON, or a form's ``payload``) before bolt verified it, so an unsigned body nested 1,000
+  deep was a ``RecursionError`` and a 500. Only then is the body parsed, bounded
+  (`gateway.webguard.loads_json`: 400 for malformed or too deeply nested JSON), and handed to
+  bolt, which verifies again and answers ``url_verification`` challenges. Each refusal is one
+  log line, never a traceback.
 - ``settings.base_url`` is the Web API base (default ``https://slack.com/api/``); a trailing slash
   is added when missing, because slack-sdk joins method names onto it.
 
@@ -75,18 +80,21 @@ import re
 import time
 from collections import OrderedDict
 from typing import Any
+from urllib.parse import parse_qsl
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 from markdown_it import MarkdownIt
 from markdown_it.tree import SyntaxTreeNode
-from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
+from slack_bolt.adapter.aiohttp import to_aiohttp_response
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
+from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.http_retry.builtin_async_handlers import (
     AsyncConnectionErrorRetryHandler,
     AsyncRateLimitErrorRetryHandler,
 )
+from slack_sdk.signature import SignatureVerifier
 from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
@@ -97,10 +105,12 @@ from channels.base import (
     InboundHandler,
     InboundMessage,
     OutboundMessage,
+    is_blank,
     send_parts,
 )
 from channels.formatting import SLACK_LIMIT, chunk_text, plain_line
 from gateway.config import SlackSettings
+from gateway.webguard import BadBody, loads_json, log_refusal, read_body
 
 log = logging.getLogger(__name__)
 
@@ -261,6 +271,19 @@ def _sanitize_body(body: Any) -> dict[str, Any] | None:
     return body
 
 
+def parse_http_body(text: str, content_type: str) -> Any:
+    """What bolt's ``parse_body`` reads from an HTTP request (JSON, or a form whose ``payload``
+    is JSON, or a plain form), with every JSON parse bounded (`BadBody` when refused)."""
+    if not text:
+        return {}
+    if content_type == "application/json" or text.startswith("{"):
+        return loads_json(text)
+    if "payload" in text:
+        payload = dict(parse_qsl(text, keep_blank_values=True)).get("payload")
+        return {} if payload is None else loads_json(payload)
+    return dict(parse_qsl(text, keep_blank_values=True))
+
+
 class _SocketModeHandler(AsyncSocketModeHandler):
     """bolt's handler, with malformed envelopes acked and dropped instead of crashing bolt."""
 
@@ -294,6 +317,9 @@ class SlackChannel:
             raise ValueError("channels.slack.signing_secret is required in http mode")
         self.settings = settings
         self.mode = settings.mode
+        self._verifier = (
+            SignatureVerifier(settings.signing_secret) if settings.signing_secret else None
+        )
         api_url = settings.base_url or DEFAULT_API_URL
         if not api_url.endswith("/"):
             api_url += "/"
@@ -322,7 +348,7 @@ class SlackChannel:
         self._handler: InboundHandler | None = None
         self._accepting = False
         self._socket: _SocketModeHandler | None = None
-        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._seen: OrderedDict[tuple[str, str | None], None] = OrderedDict()
         self._inflight: set[asyncio.Task[Any]] = set()
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -382,15 +408,51 @@ class SlackChannel:
         """Mount ``POST /slack/events`` (HTTP mode) on the gateway's aiohttp application."""
         app.router.add_post(EVENTS_PATH, self._handle_http)
 
+    def _signed(self, raw: bytes, request: web.Request) -> bool:
+        """Slack's request signature over the raw body (nothing of the body is parsed yet)."""
+        if self._verifier is None:
+            return False
+        try:
+            return self._verifier.is_valid(
+                raw,
+                request.headers.get("X-Slack-Request-Timestamp"),
+                request.headers.get("X-Slack-Signature"),
+            )
+        except (ValueError, TypeError):  # a timestamp that is no number, a non-ASCII signature
+            return False
+
     async def _handle_http(self, request: web.Request) -> web.Response:
         if not self._accepting:
             # Not started (or stopping): Slack retries later; nothing was acked.
             return web.Response(status=503, text="slack channel is not running")
         try:
-            bolt_request = await to_bolt_request(request)
-        except (ValueError, TypeError, AttributeError) as exc:  # not JSON / not an object
-            log.warning("slack: ignoring a malformed HTTP request (%s)", exc)
+            raw = await read_body(request)
+        except BadBody as exc:
+            log_refusal(request, exc.status, f"slack: {exc.reason}", log)
+            return web.Response(status=exc.status, text=exc.reason)
+        if not self._signed(raw, request):
+            log_refusal(request, 401, "slack: missing or invalid request signature", log)
+            return web.json_response({"error": "invalid request"}, status=401)  # as bolt says
+        try:
+            text = raw.decode("utf-8")
+            parsed = parse_http_body(text, request.content_type)
+        except UnicodeDecodeError:
+            parsed = BadBody(400, "the request body is not valid UTF-8")
+        except BadBody as exc:
+            parsed = exc
+        if isinstance(parsed, BadBody) or not isinstance(parsed, dict):
+            reason = (
+                parsed.reason if isinstance(parsed, BadBody)
+                else f"the body is a {type(parsed).__name__}, not an object"
+            )
+            log_refusal(request, 400, f"slack: ignoring a malformed request ({reason})", log)
             return web.Response(status=400, text="malformed request body")
+        # Bolt parses the text again, safely now: the same JSON, already bounded.
+        bolt_request = AsyncBoltRequest(
+            body=text,
+            query=request.query_string,
+            headers=request.headers,  # type: ignore[arg-type]  # as bolt's aiohttp adapter does
+        )
         body = _sanitize_body(bolt_request.body)
         if body is None:
             return web.Response(status=400, text="malformed request body")
@@ -477,9 +539,10 @@ class SlackChannel:
 
     @staticmethod
     def _malformed(event: dict[str, Any]) -> str | None:
-        if not isinstance(event.get("channel"), str) or not event["channel"]:
+        # A blank id (spaces, zero-width characters) is no id, like an empty one.
+        if not isinstance(event.get("channel"), str) or is_blank(event["channel"]):
             return "no channel"
-        if not isinstance(event.get("user"), str) or not event["user"]:
+        if not isinstance(event.get("user"), str) or is_blank(event["user"]):
             return "no user"
         for key in ("text", "ts", "event_ts", "thread_ts"):
             if event.get(key) is not None and not isinstance(event[key], str):
@@ -530,7 +593,7 @@ class SlackChannel:
             for f in event.get("files") or ()
             if isinstance(f, dict)
         )
-        if not text and not attachments:
+        if is_blank(text) and not attachments:  # zero-width characters only count as empty
             log.debug("slack: ignoring %s event with neither text nor files", event.get("type"))
             return None
         ts = str(event.get("ts") or event.get("event_ts") or "")
@@ -565,10 +628,11 @@ class SlackChannel:
         msg = self.normalize(event)
         if msg is None:
             return
-        key = f"{msg.chat_id}:{msg.platform_message_id}"
+        # A pair, not "chat:ts" text: ids holding ":" must not make two messages one.
+        key = (msg.chat_id, msg.platform_message_id)
         if msg.platform_message_id is not None:
             if key in self._seen:
-                log.debug("slack: %s already handled (message + app_mention)", key)
+                log.debug("slack: %s in %s already handled (message + app_mention)", *key[::-1])
                 return
             self._seen[key] = None
             while len(self._seen) > _SEEN_LIMIT:

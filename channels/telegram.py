@@ -36,7 +36,9 @@ the same way, and "message is not modified" counts as done. A reply with ``previ
 the preview into its first HTML chunk; a preview that cannot be edited (deleted, too old) is
 logged and that chunk is sent as a new message instead.
 
-Malformed input: a webhook body that is JSON but no readable update is logged and acknowledged
+Malformed input: the webhook checks the secret token header before it reads the body, then
+reads it bounded (`gateway.webguard`): too large, not UTF-8, not JSON or nested deeper than 64
+is a 4xx with one log line. A body that is JSON but no readable update is logged and acknowledged
 (200, so Telegram stops redelivering it); in polling, `_TolerantBot` replaces an unreadable
 update in a ``getUpdates`` batch by a bare ``update_id`` so it is confirmed and skipped instead
 of wedging the poller. Either way later updates are processed normally.
@@ -53,7 +55,6 @@ import asyncio
 import datetime as dtm
 import hmac
 import html
-import json
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -80,10 +81,12 @@ from channels.base import (
     InboundHandler,
     InboundMessage,
     OutboundMessage,
+    is_blank,
     send_parts,
 )
 from channels.formatting import TELEGRAM_LIMIT, chunk_text, plain_line
 from gateway.config import TelegramSettings
+from gateway.webguard import BadBody, loads_json, log_refusal, read_body
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +205,8 @@ def to_inbound(message: Message, me: User) -> InboundMessage | None:
     if message.chat.type == ChatType.CHANNEL:
         return None
     text = message.text if message.text is not None else message.caption
+    if isinstance(text, str) and is_blank(text):
+        text = None  # nothing to see (zero-width characters only) is no text, as in an empty one
     attachments = _attachments(message)
     if not text and not attachments:
         return None
@@ -601,14 +606,17 @@ class TelegramChannel:
         secret = self.settings.webhook_secret
         given = request.headers.get(SECRET_HEADER, "")
         if not secret or not hmac.compare_digest(given.encode(), secret.encode()):
+            log_refusal(request, 403, "telegram: missing or wrong webhook secret token", log)
             return web.Response(status=403, text="forbidden")
         app = self._app
         if app is None or self.settings.mode != "webhook":
             return web.Response(status=503, text="telegram webhook is not active")
         try:
-            data = json.loads(await request.read())
-        except ValueError:
-            return web.Response(status=400, text="body is not JSON")
+            # Read only now, past the secret, and bounded: size, UTF-8, JSON and its nesting.
+            data = loads_json(await read_body(request))
+        except BadBody as exc:
+            log_refusal(request, exc.status, f"telegram: {exc.reason}", log)
+            return web.Response(status=exc.status, text=exc.reason)
         # Valid JSON that is no readable update is acknowledged (200) and dropped: Telegram
         # would otherwise redeliver it forever and hold back every later update.
         update_id = data.get("update_id") if isinstance(data, dict) else None

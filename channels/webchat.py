@@ -1,8 +1,14 @@
-"""The webchat channel: a chat page and `POST /api/messages`, served by the gateway's web server."""
+"""The webchat channel: a chat page and `POST /api/messages`, served by the gateway's web server.
+
+A ``message_id`` belongs to the user who sent it: the store dedupes by (platform, chat id, message
+id) with the user as the chat id, and the reply waiters are keyed the same way, so one user's id
+never answers another's request. A repeat of a message (same user, same id) is not answered a
+second time: while the message is in flight it waits for the same reply, afterwards it gets the
+stored one.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from dataclasses import dataclass
 
@@ -12,6 +18,7 @@ from channels.base import (
     InboundMessage,
     OutboundMessage,
     ReplyWaiters,
+    StoredReply,
 )
 
 
@@ -27,10 +34,19 @@ class WebchatChannel:
     name = "webchat"
     capabilities = ChannelCapabilities(max_message_chars=100_000)
 
-    def __init__(self, reply_timeout: float = 300.0) -> None:
+    def __init__(self, reply_timeout: float = 300.0, poll_interval: float = 1.0) -> None:
         self.reply_timeout = reply_timeout
-        self._waiters = ReplyWaiters()
+        self._waiters = ReplyWaiters(poll_interval=poll_interval)
         self._handler: InboundHandler | None = None
+
+    @property
+    def stored_reply(self) -> StoredReply | None:
+        """How to find a stored reply (set by `Gateway.add_channel`; see `ReplyWaiters`)."""
+        return self._waiters.stored
+
+    @stored_reply.setter
+    def stored_reply(self, lookup: StoredReply | None) -> None:
+        self._waiters.stored = lookup
 
     async def start(self, on_message: InboundHandler) -> None:
         self._handler = on_message
@@ -44,10 +60,12 @@ class WebchatChannel:
     async def submit(
         self, user_id: str, text: str, message_id: str | None = None
     ) -> WebchatReply:
+        """Send `text` as `user_id` and wait for the reply (`TimeoutError` after
+        `reply_timeout`; `ConnectionAbortedError` when the gateway stops meanwhile)."""
         if self._handler is None:
             raise RuntimeError("webchat channel is not started")
         message_id = message_id or uuid.uuid4().hex
-        future = self._waiters.expect(message_id)
+        future = self._waiters.expect(user_id, message_id)
         try:
             result = await self._handler(
                 InboundMessage(
@@ -60,9 +78,12 @@ class WebchatChannel:
                     platform_message_id=message_id,
                 )
             )
-            if not result.accepted or result.duplicate:
+            if not result.accepted and not result.duplicate:
                 return WebchatReply(result.session_key, [], False, result.reason)
-            replies = await asyncio.wait_for(future, timeout=self.reply_timeout)
+            # A repeat of a stored message: the reply it has (or will have), never a second one.
+            replies = await self._waiters.wait(
+                user_id, message_id, future, self.reply_timeout, look_first=result.duplicate
+            )
             return WebchatReply(result.session_key, replies, True)
         finally:
-            self._waiters.forget(message_id)
+            self._waiters.forget(user_id, message_id, future)

@@ -9,6 +9,14 @@ signed, HttpOnly, SameSite=Strict cookie (valid 12 hours; changing the token inv
 `admin_anonymous = true` skips the login, and only on a loopback host (enforced by the config)
 for requests that did not come through a proxy. With neither, `/admin/` answers 403 and says how
 to turn it on.
+
+Against other sites (the gateway app's middleware, `gateway.webguard`, refuses foreign Host
+headers and foreign Origin/Referer first): a state-changing request authenticated by the cookie
+or anonymously must name the admin's own origin in Origin or Referer (a browser always sends one
+of them; a forged page cannot send ours); bearer-token clients need neither. Failed logins
+(form or bearer) are limited to `LOGIN_FAILURES` a minute per client address, then 429 with
+Retry-After. Every admin response forbids framing and carries a Content-Security-Policy that
+allows only the admin's own script (htmx, served locally) and stylesheet.
 """
 
 from __future__ import annotations
@@ -16,7 +24,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import math
 import time
+from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from functools import cached_property
@@ -25,13 +35,16 @@ from typing import Any, Literal
 from urllib.parse import quote, urlsplit
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+from multidict import MultiDict, MultiDictProxy
 
 from gateway import operations
 from gateway.app import Gateway
 from gateway.config import WebSection
 from gateway.store.models import utcnow
+from gateway.webguard import BadBody, HostPolicy, log_refusal
 from memory.index import Corpus
 from memory.notes import NoteError, read_lines
 from memory.workspace import WorkspacePathError, list_workspace_files
@@ -46,6 +59,59 @@ CORPORA: dict[str, Corpus] = {"notes": "notes", "transcripts": "transcripts", "a
 AuthResult = Literal["ok", "missing", "wrong", "off"]
 AUTH_KEY = web.RequestKey("admin_auth", str)
 """How the request was let in: "bearer", "cookie" or "anonymous"."""
+LOGIN_FAILURES = 5
+"""Failed logins (wrong form token or bearer token) a client address may make per minute."""
+PUBLIC_PATHS = ("/admin/login", "/admin/static/htmx.min.js", "/admin/static/admin.css")
+FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+SECURITY_HEADERS = {
+    "X-Frame-Options": "DENY",
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
+
+
+class LoginLimiter:
+    """At most `limit` failed logins per client address in any `window` seconds; then every
+    login attempt from that address (even with the right token, which would otherwise tell a
+    guesser it was right) waits until the oldest failure leaves the window."""
+
+    def __init__(self, limit: int = LOGIN_FAILURES, window: float = 60.0,
+                 max_clients: int = 10_000) -> None:
+        self.limit = limit
+        self.window = window
+        self.max_clients = max_clients
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def _recent(self, client: str, now: float) -> deque[float]:
+        times = self._failures.get(client)
+        if times is None:
+            return deque()
+        while times and times[0] <= now - self.window:
+            times.popleft()
+        if not times:
+            del self._failures[client]
+        return times
+
+    def retry_after(self, client: str, now: float | None = None) -> int | None:
+        """Seconds until `client` may try again, or None when it may now."""
+        now = time.monotonic() if now is None else now
+        times = self._recent(client, now)
+        if len(times) < self.limit:
+            return None
+        return max(1, math.ceil(times[0] + self.window - now))
+
+    def failed(self, client: str, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        times = self._recent(client, now)
+        times.append(now)
+        self._failures[client] = times
+        self._failures.move_to_end(client)
+        while len(self._failures) > self.max_clients:
+            self._failures.popitem(last=False)
 
 
 class AdminAuth:
@@ -231,6 +297,8 @@ class AdminUI:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.auth = AdminAuth(gateway.config.web)
+        self.hosts = HostPolicy.for_config(gateway.config)
+        self.limiter = LoginLimiter()
         self.env = Environment(
             loader=PackageLoader("gateway", "templates/admin"),
             autoescape=select_autoescape(["html"]),
@@ -254,17 +322,35 @@ class AdminUI:
     def htmx(self) -> bytes:
         return (resources.files("gateway") / "static" / "admin" / "htmx.min.js").read_bytes()
 
+    @cached_property
+    def css(self) -> bytes:
+        return (resources.files("gateway") / "static" / "admin" / "admin.css").read_bytes()
+
+    def _limited(self, request: web.Request) -> web.Response | None:
+        """429 while this client address has used up its failed logins."""
+        wait = self.limiter.retry_after(request.remote or "unknown")
+        if wait is None:
+            return None
+        return web.json_response(
+            {"error": f"too many failed logins; try again in {wait} s"}, status=429,
+            headers={"Retry-After": str(wait)},
+        )
+
     @web.middleware
     async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Authentication for every /admin/ route, and a same-origin check on cookie POSTs."""
-        if request.path in ("/admin/login", "/admin/static/htmx.min.js"):
+        """Authentication for every /admin/ route, and a same-origin check on every
+        state-changing request a browser could have been tricked into sending."""
+        if request.path in PUBLIC_PATHS:
             if not self.auth.enabled:
                 return self._off()
             return await handler(request)
+        if "Authorization" in request.headers and (limited := self._limited(request)):
+            return limited
         result, how = self.auth.check(request)
         if result == "off":
             return self._off()
         if result == "wrong":
+            self.limiter.failed(request.remote or "unknown")
             return web.json_response(
                 {"error": "wrong admin token"}, status=401,
                 headers={"WWW-Authenticate": 'Bearer realm="gatehouse-admin", error="invalid_token"'},
@@ -277,10 +363,22 @@ class AdminUI:
                 {"error": "log in at /admin/login or send Authorization: Bearer <admin_token>"},
                 status=401, headers={"WWW-Authenticate": 'Bearer realm="gatehouse-admin"'},
             )
-        if how == "cookie" and request.method not in ("GET", "HEAD") and not _same_origin(request):
-            return web.json_response({"error": "cross-site request refused"}, status=403)
+        if (
+            how != "bearer"
+            and request.method not in ("GET", "HEAD", "OPTIONS")
+            and self.hosts.cross_site(request) is not False
+        ):
+            # Cookie or anonymous: the browser sends those on its own, so the request must show
+            # it came from our pages (the app middleware already refused a foreign Origin).
+            return web.json_response(
+                {"error": "cross-site request refused (no Origin or Referer of this admin)"},
+                status=403,
+            )
         request[AUTH_KEY] = how
-        return await handler(request)
+        try:
+            return await handler(request)
+        except BadBody as exc:
+            return web.json_response({"error": exc.reason}, status=exc.status)
 
     def _off(self) -> web.Response:
         return web.Response(
@@ -300,9 +398,16 @@ class AdminUI:
         )
 
     async def login(self, request: web.Request) -> web.Response:
-        form = await request.post()
+        if limited := self._limited(request):
+            return limited
+        try:
+            form = await _form(request)
+        except BadBody as exc:
+            return web.json_response({"error": exc.reason}, status=exc.status)
         target = _safe_next(str(form.get("next") or ""))
         if not self.auth.token_matches(str(form.get("token") or "")):
+            self.limiter.failed(request.remote or "unknown")
+            log_refusal(request, 401, "wrong admin token in the login form")
             return self.render(
                 "login.html", request, status=401, next=target,
                 error="That is not the admin token ([web] admin_token).",
@@ -315,6 +420,7 @@ class AdminUI:
         raise response
 
     async def logout(self, request: web.Request) -> web.Response:
+        await _form(request)  # nothing in it is used; like every admin POST, it must be a form
         response = web.HTTPSeeOther("/admin/login")
         response.del_cookie(COOKIE, path="/admin/")
         raise response
@@ -323,6 +429,12 @@ class AdminUI:
         return web.Response(
             body=self.htmx, content_type="application/javascript",
             headers={"Cache-Control": "public, max-age=86400"},
+        )
+
+    async def static_css(self, _request: web.Request) -> web.Response:
+        return web.Response(
+            body=self.css, content_type="text/css",
+            headers={"Cache-Control": "public, max-age=3600"},
         )
 
     # -- pages --------------------------------------------------------------------------------
@@ -350,7 +462,7 @@ class AdminUI:
 
     async def compact(self, request: web.Request) -> web.StreamResponse:
         key = request.query.get("key", "")
-        form = await request.post()
+        form = await _form(request)
         instructions = str(form.get("instructions") or "").strip()
         try:
             outcome = await operations.compact(self.gateway, key, instructions)
@@ -410,7 +522,7 @@ class AdminUI:
                            message=request.query.get("message"))
 
     async def decide(self, request: web.Request) -> web.Response:
-        form = await request.post()
+        form = await _form(request)
         code = str(form.get("code") or "")
         decision = str(form.get("decision") or "")
         if decision not in ("approved", "denied"):
@@ -423,12 +535,24 @@ class AdminUI:
         raise web.HTTPSeeOther(f"/admin/pairing?message={quote(message, safe='')}")
 
 
-def _same_origin(request: web.Request) -> bool:
-    """A cookie-authenticated POST must come from our own pages (SameSite is the first line)."""
-    source = request.headers.get("Origin") or request.headers.get("Referer")
-    if not source or source == "null":
-        return False
-    return urlsplit(source).netloc == request.host
+async def _form(request: web.Request) -> MultiDictProxy[str]:
+    """The posted form; `BadBody` (400/413/415) for anything that is not a readable one."""
+    if not request.body_exists:
+        return MultiDictProxy(MultiDict())
+    if request.content_type not in FORM_TYPES:
+        raise BadBody(415, "the admin takes HTML form posts (application/x-www-form-urlencoded)")
+    try:
+        form = await request.post()
+    except web.HTTPRequestEntityTooLarge:
+        raise BadBody(413, "the form is too large") from None
+    except (ValueError, LookupError, HttpProcessingError) as exc:  # bad multipart, charset...
+        raise BadBody(400, f"unreadable form: {exc}") from None
+    return MultiDictProxy(MultiDict([(k, v) for k, v in form.items() if isinstance(v, str)]))
+
+
+async def _security_headers(_request: web.Request, response: web.StreamResponse) -> None:
+    for name, value in SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
 
 
 async def _to_admin(_request: web.Request) -> web.Response:
@@ -439,11 +563,13 @@ def add_admin_routes(app: web.Application, gateway: Gateway) -> AdminUI:
     """Mount the admin UI under /admin/ on the gateway's web app."""
     ui = AdminUI(gateway)
     admin = web.Application(middlewares=[ui.guard])
+    admin.on_response_prepare.append(_security_headers)
     admin.router.add_get("/", ui.sessions)
     admin.router.add_get("/login", ui.login_form)
     admin.router.add_post("/login", ui.login)
     admin.router.add_post("/logout", ui.logout)
     admin.router.add_get("/static/htmx.min.js", ui.static_htmx)
+    admin.router.add_get("/static/admin.css", ui.static_css)
     admin.router.add_get("/session", ui.session)
     admin.router.add_post("/session/compact", ui.compact)
     admin.router.add_get("/memory", ui.memory)

@@ -7,8 +7,10 @@ import gc
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 
 from channels.base import (
+    AnswersRequests,
     Channel,
     InboundMessage,
     InboundResult,
@@ -34,9 +36,10 @@ from gateway.scheduler import Scheduler
 from gateway.sessions import SessionKeyer
 from gateway.store import SessionInfo, Store
 from gateway.store.db import CONTEXT_STATUS
+from gateway.store.faults import storage_faults
 from gateway.streaming import Previews
 from gateway.summarizer import make_summary_call, summary_provider
-from gateway.text import clean_inbound, clean_text
+from gateway.text import clean_inbound, clean_text, inbound_problem
 from gateway.tools import ToolRegistry, default_registry
 from memory.index import ArchivedMessage, MemoryIndex
 from memory.workspace import ensure_workspace
@@ -54,11 +57,13 @@ class Gateway:
         self.channels: dict[str, Channel] = {}
         self.resolver = ContextResolver(config, self.llm)
         self.summary_llm = summary_provider(config, self.llm)
-        self.memory_index = MemoryIndex(
-            config.data_dir / "memory-index.db",
-            config.workspace,
-            search_transcripts=config.memory.archive_transcripts,
-        )
+        index_path = config.data_dir / "memory-index.db"
+        with storage_faults(index_path):  # a fault names this file, not the database's
+            self.memory_index = MemoryIndex(
+                index_path,
+                config.workspace,
+                search_transcripts=config.memory.archive_transcripts,
+            )
         memory = MemoryTools(config.workspace, self.memory_index, config.gateway.timezone)
         self.tools = tools or default_registry()
         memory_only = ToolRegistry()
@@ -117,6 +122,10 @@ class Gateway:
 
     def add_channel(self, channel: Channel) -> None:
         self.channels[channel.name] = channel
+        if isinstance(channel, AnswersRequests):
+            # A caller waiting for a reply can find it stored (a repeat, or a reply sent
+            # elsewhere): see `channels.base.ReplyWaiters`.
+            channel.stored_reply = partial(self.store.reply_to, channel.name)
 
     async def open(self, fetch_metadata: bool = True) -> None:
         """Workspace, store and token counter: what the CLI needs without any channel."""
@@ -216,7 +225,15 @@ class Gateway:
         self._started = False
 
     async def handle_inbound(self, msg: InboundMessage) -> InboundResult:
-        """Persist first, then wake the session's lane. Bad input gets a polite answer."""
+        """Persist first, then wake the session's lane. Bad input gets a polite answer.
+
+        A message whose ids the store cannot keep as they are, or from a blank sender or chat,
+        is refused before anything else (no session, no reply: there is no chat to trust).
+        """
+        refused = inbound_problem(msg)
+        if refused is not None:
+            log.warning("refused a %s message: %s", msg.platform, refused)
+            return InboundResult(None, accepted=False, reason=refused)
         msg = clean_inbound(msg)
         text, problem = clean_text(msg.text, self.config.gateway.max_message_chars)
         key = self.keyer.key_for(msg)

@@ -13,20 +13,22 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Column, Table
+from typer.core import TyperGroup
 
 from channels.console import ConsoleChannel
 from channels.webchat import WebchatChannel
 from gateway.app import Gateway
 from gateway.channels_setup import add_channel_routes, platform_channels
-from gateway.config import DEFAULT_CONFIG_NAME, Config, ConfigError, load_config
+from gateway.config import DEFAULT_CONFIG_NAME, Config, ConfigError, load_config, redacted_url
 from gateway.llm import NOT_CONFIGURED
 from gateway.logging_setup import SECRETS, config_secrets, setup_logging
+from gateway.store.faults import StorageError, database_where, storage_error, storage_faults
 from gateway.web import WebServer, build_app
 from memory.workspace import ensure_workspace
 
@@ -35,11 +37,34 @@ T = TypeVar("T")
 console = Console()
 err_console = Console(stderr=True)
 
+
+def _fail(label: str, message: str, code: int = 2) -> NoReturn:
+    """Say what is wrong on stderr, unwrapped (one line stays one line), and exit."""
+    err_console.print(f"[red]{label}:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+class _Commands(TyperGroup):
+    """Every command, whatever it opens (the database, the job store, the memory index, the
+    workspace): a storage fault is one line naming the file and what to do, and exit code 2
+    (gateway/store/faults.py), never a traceback."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (StorageError, OSError) as exc:
+            fault = storage_error(exc)
+            if fault is None:
+                raise
+            _fail("storage error", str(fault))
+
+
 app = typer.Typer(
     help="Gatehouse: a self-hosted chat-bot gateway for one LLM agent.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=_Commands,
 )
 sessions_app = typer.Typer(help="Inspect sessions.", no_args_is_help=True)
 app.add_typer(sessions_app, name="sessions")
@@ -85,8 +110,7 @@ def _config() -> Config:
     try:
         config = load_config(state.config_path)
     except ConfigError as exc:
-        err_console.print(f"[red]config error:[/red] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2) from None
+        _fail("config error", str(exc))
     SECRETS.protect(config_secrets(config))  # never in a log line, whatever logs it
     from gateway.local_model import bundled_model_path, use_local_model
 
@@ -103,19 +127,21 @@ def init(
     force: Annotated[bool, typer.Option(help="Overwrite an existing gatehouse.toml")] = False,
 ) -> None:
     """Write a commented gatehouse.toml and create the workspace (AGENTS.md, memory/)."""
-    directory.mkdir(parents=True, exist_ok=True)
     target = directory / DEFAULT_CONFIG_NAME
-    if target.exists() and not force:
-        console.print(f"{target} already exists; keeping it (use --force to overwrite).")
-    else:
-        template = resources.files("gateway") / "templates" / "gatehouse.toml"
-        target.write_text(template.read_text(encoding="utf-8"), encoding="utf-8")
-        console.print(f"wrote {target}")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        if target.exists() and not force:
+            console.print(f"{target} already exists; keeping it (use --force to overwrite).")
+        else:
+            template = resources.files("gateway") / "templates" / "gatehouse.toml"
+            target.write_text(template.read_text(encoding="utf-8"), encoding="utf-8")
+            console.print(f"wrote {target}")
+    except OSError as exc:
+        _fail("cannot write", f"{exc.filename or target}: {exc.strerror or exc}; choose another --dir")
     try:
         config = load_config(target)
     except ConfigError as exc:
-        err_console.print(f"[red]config error:[/red] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2) from None
+        _fail("config error", str(exc))
     for path in ensure_workspace(config.workspace):
         console.print(f"created {path}")
     console.print(f"workspace: {config.workspace}")
@@ -135,6 +161,7 @@ async def _serve(config: Config) -> None:
     for channel in platforms:
         gateway.add_channel(channel)
         log.info("channel %s enabled", channel.name)
+    await gateway.store.verify()  # a damaged SQLite file is refused now, not by each message
     await gateway.start()
     if not gateway.llm.configured:
         err_console.print(f"[yellow]{escape(NOT_CONFIGURED)}[/yellow]", highlight=False)
@@ -159,8 +186,6 @@ async def _serve(config: Config) -> None:
 
 
 def _safe_url(config: Config) -> str:
-    from gateway.doctor import redacted_url
-
     return redacted_url(config.database_url)
 
 
@@ -172,8 +197,9 @@ def run() -> None:
     try:
         asyncio.run(_with_bundled_model(config, _serve))
     except OSError as exc:
-        err_console.print(f"[red]cannot start:[/red] {exc}", highlight=False)
-        raise typer.Exit(1) from None
+        if storage_error(exc) is not None:
+            raise  # a data file: the storage line (`_Commands`)
+        _fail("cannot start", str(exc), 1)
 
 
 async def _chat(config: Config, user: str | None, message: str | None) -> int:
@@ -640,16 +666,21 @@ def _print_explain(f: dict[str, Any]) -> None:
         console.print(f"- {escape(note)}")
 
 
+def _memory_index_path(config: Config) -> Path:
+    return config.data_dir / "memory-index.db"
+
+
 def _memory_index(config: Config) -> Any:
     from memory.index import MemoryIndex
 
     ensure_workspace(config.workspace)
     config.data_dir.mkdir(parents=True, exist_ok=True)
-    return MemoryIndex(
-        config.data_dir / "memory-index.db",
-        config.workspace,
-        search_transcripts=config.memory.archive_transcripts,
-    )
+    with storage_faults(_memory_index_path(config)):
+        return MemoryIndex(
+            _memory_index_path(config),
+            config.workspace,
+            search_transcripts=config.memory.archive_transcripts,
+        )
 
 
 @memory_app.command("ls")
@@ -707,8 +738,9 @@ def memory_search(
     config = _config()
     index = _memory_index(config)
     try:
-        index.refresh()
-        hits = index.search(query, limit=limit, corpus=corpus)
+        with storage_faults(_memory_index_path(config)):
+            index.refresh()
+            hits = index.search(query, limit=limit, corpus=corpus)
     finally:
         index.close()
     if as_json:
@@ -731,7 +763,7 @@ def memory_reindex(
     config = _config()
     index = _memory_index(config)
     try:
-        with _progress() as progress:
+        with _progress() as progress, storage_faults(_memory_index_path(config)):
             task = progress.add_task("reindexing memory", total=None)
             stats = index.reindex(
                 lambda done, total: progress.update(task, completed=done, total=total)
@@ -817,10 +849,12 @@ async def _jobs(config: Config, cancel: str | None = None) -> Any:
     from gateway.maintenance import maintenance_schedule
     from gateway.scheduler import JobInfo, open_job_store
 
-    async with open_job_store(config) as scheduler:
-        if cancel is not None:
-            return await scheduler.cancel(cancel)
-        jobs = await scheduler.jobs()
+    # APScheduler's job store: its own engine on the database, so its faults are named here.
+    with storage_faults(database_where(config.database_url)):
+        async with open_job_store(config) as scheduler:
+            if cancel is not None:
+                return await scheduler.cancel(cancel)
+            jobs = await scheduler.jobs()
     now = datetime.now(UTC)
     maintenance = [
         JobInfo(j.id, "maintenance", j.description, str(j.trigger),
@@ -982,7 +1016,8 @@ def config_check() -> None:
     console.print(f"[green]ok[/green] {config.source or '(defaults: no config file found)'}")
     console.print(f"database:  {_safe_url(config)}")
     console.print(f"workspace: {config.workspace}")
-    console.print(f"llm:       {config.llm.base_url or '(not configured)'} model={config.llm.model}")
+    llm = redacted_url(config.llm.base_url) if config.llm.base_url else "(not configured)"
+    console.print(f"llm:       {llm} model={config.llm.model}")
 
 
 @db_app.command("upgrade")
@@ -1021,11 +1056,10 @@ def db_current() -> None:
         raise typer.Exit(1)
     engine = create_engine(url)
     try:
-        with engine.connect() as conn:
+        with storage_faults(database_where(config.database_url)), engine.connect() as conn:
             current = current_revision(conn)
     except OperationalError as exc:
-        err_console.print(f"[red]cannot open {_safe_url(config)}:[/red] {escape(str(exc.orig))}")
-        raise typer.Exit(1) from None
+        _fail(f"cannot open {_safe_url(config)}", str(exc.orig), 1)
     finally:
         engine.dispose()
     head = head_revision()

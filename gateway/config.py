@@ -2,7 +2,8 @@
 
 Lookup order: `--config PATH`, then `$GATEHOUSE_CONFIG`, then `./gatehouse.toml`. Unknown keys and
 bad values are rejected with the exact dotted key and the file named, so a typo never silently
-falls back to a default.
+falls back to a default. An error never shows the value of a key that holds a secret (tokens,
+secrets, API keys, passwords; a URL is shown with its password masked): see `is_secret_key`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -32,6 +34,80 @@ class ConfigError(Exception):
     """A configuration problem, phrased for the person who edits the file."""
 
 
+_SECRET_NAME = re.compile(r"(^|_)(token|secret|key)$|pass(word|wd)", re.IGNORECASE)
+
+
+def is_secret_key(name: str) -> bool:
+    """Whether a config key (or a URL's query parameter) holds a credential: admin_token,
+    api_key, summary_api_key, token, bot_token, app_token, signing_secret, webhook_secret..."""
+    return bool(_SECRET_NAME.search(name))
+
+
+def is_url_key(name: str) -> bool:
+    """Keys holding a URL (database_url, base_url, webhook_url...): a password may be in it."""
+    return name == "url" or name.endswith("_url")
+
+
+def url_secrets(url: str) -> list[str]:
+    """The credentials written in a URL: its password, and secret query values (?password=)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return []
+    found = [parts.password] if parts.password else []
+    for param in parts.query.split("&") if parts.query else ():
+        name, _, value = param.partition("=")
+        if value and is_secret_key(name):
+            found.append(value)
+    return found
+
+
+def redacted_url(url: str) -> str:
+    """A URL with its password (user:***@host) and secret query values masked, the rest as
+    written: fit for a log, an error or a table."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if "@" in parts.netloc:
+        userinfo, host = parts.netloc.rsplit("@", 1)
+        if ":" in userinfo:
+            masked = f"{userinfo.split(':', 1)[0]}:***@{host}"
+            url = url.replace(parts.netloc, masked, 1)
+    if parts.query:
+        params = []
+        for param in parts.query.split("&"):
+            name, sep, value = param.partition("=")
+            params.append(f"{name}{sep}***" if value and is_secret_key(name) else param)
+        url = url.replace(f"?{parts.query}", "?" + "&".join(params), 1)
+    return url
+
+
+def secret_values(config: BaseModel) -> list[str]:
+    """Every credential a loaded config holds: the values of secret keys, the passwords in its
+    URLs. The log filter masks them (`gateway.logging_setup`)."""
+    found: list[str] = []
+
+    def walk(value: Any, name: str) -> None:
+        if isinstance(value, BaseModel):
+            for field in type(value).model_fields:
+                walk(getattr(value, field), field)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, str(key))
+        elif isinstance(value, list):
+            for item in value:
+                walk(item, name)
+        elif isinstance(value, str) and value:
+            if is_secret_key(name):
+                found.append(value)
+            elif is_url_key(name):
+                found.extend(url_secrets(value))
+
+    walk(config, "")
+    return found
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -39,7 +115,7 @@ class _Strict(BaseModel):
 class GatewaySection(_Strict):
     data_dir: Path = Path("./data")
     database_url: str | None = Field(
-        default=None, description="Default: sqlite:///<data_dir>/gatehouse.db"
+        default=None, repr=False, description="Default: sqlite:///<data_dir>/gatehouse.db"
     )
     workspace: Path | None = Field(default=None, description="Default: <data_dir>/workspace")
     timezone: str = "UTC"
@@ -88,7 +164,7 @@ class GatewaySection(_Strict):
 
 class LLMSection(_Strict):
     base_url: str | None = None
-    api_key: str | None = None
+    api_key: str | None = Field(default=None, repr=False)
     model: str = "gpt-4o-mini"
     timeout: float = Field(default=60.0, gt=0)
     max_retries: int = Field(default=2, ge=0, le=10)
@@ -128,11 +204,25 @@ class WebSection(_Strict):
     admin_token: str | None = Field(
         default=None,
         min_length=16,
+        repr=False,
         description="bearer token (or login password) for /admin/; unset: the admin UI is off",
     )
     admin_anonymous: bool = Field(
         default=False, description="serve /admin/ without a login; only when host is loopback"
     )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="names this server is reached by besides host and loopback (a reverse "
+        "proxy's public name): other Host headers are refused (DNS rebinding)",
+    )
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _plain_host_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not name or any(c in name for c in "/@ \t") or "://" in name:
+                raise ValueError(f"{name!r} is not a host name (write e.g. \"bot.example.com\")")
+        return [name.lower() for name in value]
 
     @model_validator(mode="after")
     def _anonymous_only_on_loopback(self) -> WebSection:
@@ -212,24 +302,24 @@ class WebchatSettings(ChannelSection):
 
 
 class TelegramSettings(ChannelSection):
-    token: str | None = None
+    token: str | None = Field(default=None, repr=False)
     base_url: str | None = Field(default=None, description="a self-hosted Bot API server")
     mode: Literal["polling", "webhook"] = "polling"
     webhook_url: str | None = None
-    webhook_secret: str | None = None
+    webhook_secret: str | None = Field(default=None, repr=False)
 
 
 class SlackSettings(ChannelSection):
-    bot_token: str | None = None
-    app_token: str | None = None
-    signing_secret: str | None = None
+    bot_token: str | None = Field(default=None, repr=False)
+    app_token: str | None = Field(default=None, repr=False)
+    signing_secret: str | None = Field(default=None, repr=False)
     mode: Literal["socket", "http"] = "socket"
     base_url: str | None = None
     channels: dict[str, HistoryOverride] = Field(default_factory=dict)
 
 
 class DiscordSettings(ChannelSection):
-    token: str | None = None
+    token: str | None = Field(default=None, repr=False)
     api_base_url: str | None = None
     gateway_url: str | None = None
     shard_count: int | None = Field(default=None, ge=1)
@@ -281,7 +371,9 @@ class ContextSection(_Strict):
     quality_retries: int = Field(default=1, ge=0, le=3)
     summary_model: str | None = Field(default=None, description="default: [llm] model")
     summary_base_url: str | None = Field(default=None, description="default: [llm] base_url")
-    summary_api_key: str | None = Field(default=None, description="default: [llm] api_key")
+    summary_api_key: str | None = Field(
+        default=None, repr=False, description="default: [llm] api_key"
+    )
     summary_timeout: float = Field(default=120.0, gt=0)
     summary_max_chars: int = Field(default=16_000, ge=1_000)
     compaction_cooldown_seconds: int = Field(default=600, ge=0)
@@ -450,16 +542,43 @@ def interpolate_env(value: Any, env: dict[str, str] | None = None, where: str = 
     return value
 
 
-def _format_validation_error(exc: ValidationError, source: str) -> str:
+def _raw_secrets(value: Any, name: str = "") -> list[str]:
+    """The credentials in raw (interpolated) config data, valid or not: masked in errors."""
+    if isinstance(value, dict):
+        return [s for key, item in value.items() for s in _raw_secrets(item, str(key))]
+    if isinstance(value, list):
+        return [s for item in value for s in _raw_secrets(item, name)]
+    if isinstance(value, str | int) and not isinstance(value, bool) and is_secret_key(name):
+        return [str(value)]
+    if isinstance(value, str) and is_url_key(name):
+        return url_secrets(value)
+    return []
+
+
+def _shown(name: str, value: Any) -> str:
+    """What an error says the value was: never a secret's, a URL only with its password masked."""
+    if isinstance(value, dict | list) or is_secret_key(name):
+        return ""
+    if is_url_key(name) and isinstance(value, str):
+        if "://" not in value or not urlsplit(value).scheme:
+            return ""  # not a URL: where a password would be is anyone's guess
+        return f" (got {redacted_url(value)!r})"
+    return f" (got {value!r})"
+
+
+def _format_validation_error(exc: ValidationError, source: str, data: Any = None) -> str:
+    secrets = sorted({s for s in _raw_secrets(data) if len(s) >= 4}, key=len, reverse=True)
     lines = [f"{source}: invalid configuration"]
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"])
+        name = next((p for p in reversed(err["loc"]) if isinstance(p, str)), "")
         if err["type"] == "extra_forbidden":
-            lines.append(f"  {loc}: unknown key")
+            line = f"  {loc}: unknown key"
         else:
-            shown = err.get("input")
-            value = f" (got {shown!r})" if not isinstance(shown, dict | list) else ""
-            lines.append(f"  {loc}: {err['msg']}{value}")
+            line = f"  {loc}: {err['msg']}{_shown(name, err.get('input'))}"
+        for secret in secrets:  # a validator's own message may quote the value
+            line = line.replace(secret, "***")
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -468,7 +587,7 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc, source)) from None
+        raise ConfigError(_format_validation_error(exc, source, data)) from None
     return config
 
 
@@ -489,8 +608,15 @@ def load_config(explicit: Path | None = None) -> Config:
         return Config()
     if not path.exists():
         raise ConfigError(f"{path}: config file not found")
+    if path.is_dir():
+        raise ConfigError(
+            f"{path} is a directory, not a config file: give --config (or $GATEHOUSE_CONFIG) "
+            "the path of a gatehouse.toml"
+        )
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config file: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     except UnicodeDecodeError:

@@ -12,14 +12,15 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
 import openai
 
-from gateway.config import Config, ConfigError, load_config
+from gateway.config import Config, ConfigError, load_config, redacted_url, secret_values
 from gateway.local_model import find_bundled_model, server_installed
+from gateway.store.faults import StorageError, storage_faults
 from memory.agents_md import AgentsFile
 
 Status = Literal["ready", "warning", "problem"]
@@ -39,11 +40,13 @@ class Check:
 
 
 async def check_database(config: Config) -> list[Check]:
-    """The database opens (and migrates); replies given up on are a warning of their own."""
+    """The database is sound (SQLite: `PRAGMA quick_check`, as `gatehouse run` checks at start),
+    opens and migrates; replies given up on are a warning of their own."""
     from gateway.store import Store
 
     store = Store(config.database_url)
     try:
+        await store.verify()
         await store.init()
         sessions = len(await store.list_sessions())
         given_up = [row for row in await store.outbox() if row.given_up_at is not None]
@@ -61,6 +64,8 @@ async def check_database(config: Config) -> list[Check]:
                 "(a running gateway within seconds), `gatehouse outbox drop ID` forgets one.",
             ))
         return checks
+    except StorageError as exc:  # names the file; how to recover a damaged one
+        return [Check("database", "problem", exc.problem, _sentence(exc.fix))]
     except Exception as exc:
         return [Check(
             "database", "problem", f"{redacted_url(config.database_url)}: {_first_line(exc)}",
@@ -86,10 +91,13 @@ async def check_workspace(config: Config) -> Check:
     try:
         from memory.index import MemoryIndex
 
-        index = await asyncio.to_thread(
-            MemoryIndex, config.data_dir / "memory-index.db", workspace
-        )
+        index_path = config.data_dir / "memory-index.db"
+        with storage_faults(index_path):
+            index = await asyncio.to_thread(MemoryIndex, index_path, workspace)
         index.close()
+    except StorageError as exc:
+        return Check("workspace", "problem", f"memory search index: {exc.problem}",
+                     _sentence(exc.fix))
     except Exception as exc:
         return Check("workspace", "problem", f"memory search index: {_first_line(exc)}",
                      "The memory index needs SQLite with FTS5 (3.34+) and a writable data_dir.")
@@ -132,7 +140,7 @@ async def check_llm(config: Config) -> list[Check]:
 async def _check_endpoint(
     name: str, base_url: str | None, api_key: str | None, model: str, seconds: float
 ) -> Check:
-    where = base_url or "https://api.openai.com/v1"
+    where = redacted_url(base_url or "https://api.openai.com/v1")
     keys = "[context] summary_base_url / summary_api_key" if name != "llm" else "[llm] base_url"
     client = openai.AsyncOpenAI(
         base_url=base_url, api_key=api_key or "not-needed", timeout=min(seconds, CHECK_TIMEOUT),
@@ -178,6 +186,7 @@ async def check_telegram(config: Config) -> Check:
                      'Create a bot with @BotFather and set token = "${TELEGRAM_BOT_TOKEN}".')
     root = (s.base_url or "https://api.telegram.org").rstrip("/")
     bot = Bot(s.token, base_url=f"{root}/bot", base_file_url=f"{root}/file/bot")
+    root = redacted_url(root)  # as shown from here on
     try:
         async with bot:  # initialize() is one getMe
             me = bot.bot
@@ -213,6 +222,7 @@ async def check_slack(config: Config) -> Check:
     api_url = s.base_url or DEFAULT_API_URL
     client = AsyncWebClient(token=s.bot_token, base_url=api_url if api_url.endswith("/")
                             else api_url + "/")
+    api_url = redacted_url(api_url)  # as shown from here on
     try:
         auth = await client.auth_test()
         return Check("slack", "ready",
@@ -251,7 +261,7 @@ async def check_discord(config: Config) -> Check:
     http = discord.http.HTTPClient(asyncio.get_running_loop())
     try:
         with _discord_base(s.api_base_url):
-            where = discord.http.Route.BASE
+            where = redacted_url(discord.http.Route.BASE)
             user = await http.static_login(token)
         return Check("discord", "ready", f"{user['username']} (id {user['id']}) via {where}")
     except discord.LoginFailure:
@@ -304,7 +314,20 @@ async def run_doctor(config_path: Path | None) -> tuple[Config | None, list[Chec
                             "Fix the key named above in the file (unknown keys and bad values "
                             "are rejected, never ignored).")]
     source = str(config.source) if config.source else "no config file: defaults"
-    return config, [Check("config", "ready", source), *await diagnose(config)]
+    checks = [Check("config", "ready", source), *await diagnose(config)]
+    # An SDK's or a server's error text may quote a credential back: none reaches the table.
+    secrets = sorted({s for s in secret_values(config) if len(s) >= 8}, key=len, reverse=True)
+
+    def scrub(text: str) -> str:
+        for secret in secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    return config, [replace(c, detail=scrub(c.detail), fix=scrub(c.fix)) for c in checks]
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -312,9 +335,4 @@ def _first_line(exc: BaseException) -> str:
     return text_.splitlines()[0][:300]
 
 
-def redacted_url(url: str) -> str:
-    """A database URL with its credentials hidden, fit for a log or a table."""
-    if "@" in url:
-        scheme, rest = url.split("://", 1)
-        return f"{scheme}://***@{rest.split('@', 1)[1]}"
-    return url
+__all__ = ["Check", "diagnose", "redacted_url", "run_doctor"]

@@ -1,7 +1,8 @@
 """Logging: rich on a terminal, plain lines otherwise (CI, files, pipes); secrets redacted.
 
 Every record goes through `SECRETS` on its way out: the configured credentials (bot tokens,
-API keys, signing secrets) are masked literally, and anything that looks like a secret (the
+API keys, signing secrets, the admin token, passwords in URLs) are masked literally, and
+anything that looks like a secret (the
 same finders compaction uses: API keys, tokens, passwords, private keys) is replaced by a
 ``[REDACTED:<kind>]`` marker. That covers the SDKs' own debug lines too: python-telegram-bot
 logs its Bot API URL, which contains the bot token, and the messages it sends and receives.
@@ -17,7 +18,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 
 from context.identifiers import redact_secrets
-from gateway.config import Config
+from gateway.config import Config, secret_values
 
 NOISY = ("httpx", "httpx2", "openai", "aiosqlite", "sqlalchemy.engine")
 """Loggers kept at WARNING even at DEBUG: request bodies, SQL, connection chatter."""
@@ -60,17 +61,10 @@ SECRETS = SecretFilter()
 
 
 def config_secrets(config: Config) -> list[str]:
-    """The credentials a config holds: [llm] keys, every channel's tokens and secrets."""
-    values = [config.llm.api_key, config.context.summary_api_key]
-    for name in ("telegram", "slack", "discord"):
-        section = config.channels.get(name)
-        for field in ("token", "bot_token", "app_token", "signing_secret", "webhook_secret"):
-            values.append(getattr(section, field, None))
-    url = config.gateway.database_url or ""
-    if "://" in url and "@" in url.split("://", 1)[1]:
-        credentials = url.split("://", 1)[1].rsplit("@", 1)[0]
-        values.append(credentials.split(":", 1)[1] if ":" in credentials else None)
-    return [v for v in values if isinstance(v, str)]
+    """The credentials a config holds: every secret key ([web] admin_token, [llm] and [context]
+    API keys, every channel's tokens and secrets) and the passwords in its URLs (database_url,
+    base_url...); see `gateway.config.secret_values`."""
+    return secret_values(config)
 
 
 def setup_logging(level: str = "INFO") -> None:

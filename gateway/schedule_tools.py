@@ -18,6 +18,7 @@ from apscheduler.triggers.date import DateTrigger
 from croniter import CroniterBadDateError, CroniterError, croniter
 from pytimeparse.timeparse import timeparse
 
+from channels.base import id_problem, is_blank
 from gateway.config import Config
 from gateway.scheduler import (
     ChatTarget,
@@ -36,6 +37,16 @@ MAX_REMINDER_DAYS = 5 * 366
 
 class ScheduleError(ValueError):
     """Input the model should correct; the message says how."""
+
+
+def check_target_id(name: str, value: str) -> None:
+    """A target chat's id is stored and keyed as it is, like any inbound id: a blank one, or one
+    the store cannot hold (`channels.base.id_problem`), is refused."""
+    if is_blank(value):
+        raise ScheduleError(f"target {name} is blank")
+    problem = id_problem(value)
+    if problem is not None:
+        raise ScheduleError(f"target {name} {problem}; ids must be plain text")
 
 
 def parse_timezone(name: str) -> ZoneInfo:
@@ -297,6 +308,9 @@ class ScheduleTools:
             )
         chat_id = str(raw["chat_id"]).strip()
         thread_id = str(raw["thread_id"]).strip() if raw.get("thread_id") else None
+        check_target_id("chat_id", chat_id)
+        if thread_id is not None:
+            check_target_id("thread_id", thread_id)
         if origin is not None and (platform, chat_id, thread_id) == (
             origin.platform, origin.chat_id, origin.thread_id
         ):

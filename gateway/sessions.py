@@ -7,7 +7,11 @@ Shapes (ARCHITECTURE.md):
   dm_scope per-account-…      agent:<agent>:<platform>:<account>:direct:<peer>
   groups / channels           agent:<agent>:<platform>:group|channel:<chat>[:thread:<id>][:user:<sender>]
 
-Every free-form part is percent-encoded (`:` and `+` included), so no id can forge a separator.
+Every free-form part is percent-encoded (`:` and `+` included), so no id can forge a separator,
+and nothing else is done to it: a part is its id, so two ids share a key only when they are the
+same id. An id the store cannot hold (a NUL, an unpaired surrogate) is no key at all: the gateway
+refuses the message first (`gateway.text.inbound_problem`), and `encode_part` raises, because any
+storable stand-in for it would be the id of somebody else.
 Under per-peer, an unlinked person is `<platform>+<id>` (the `+` is literal and can't come from an
 encoded part); a linked person is the identity-link name, shared across platforms.
 """
@@ -16,12 +20,16 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from channels.base import InboundMessage
+from channels.base import InboundMessage, id_problem
 from gateway.config import SessionsSection
 
 
 def encode_part(value: str) -> str:
-    """Percent-encode one key segment; empty strings get a visible marker."""
+    """Percent-encode one key segment; empty strings get a visible marker ("%00", which no
+    storable id encodes to: a NUL is refused). `ValueError` for an id the store cannot hold."""
+    problem = id_problem(value)
+    if problem is not None:
+        raise ValueError(f"a session key part {problem}; the gateway refuses such ids")
     return quote(value, safe="") or "%00"
 
 

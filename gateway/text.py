@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from typing import Any
 
-from channels.base import InboundMessage
+from channels.base import InboundMessage, id_problem, is_blank
 
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
 
 def clean_text(text: str, max_chars: int) -> tuple[str, str | None]:
-    """Return (cleaned text, problem). Lone surrogates become U+FFFD; NULs are dropped."""
+    """Return (cleaned text, problem). Lone surrogates become U+FFFD; NULs are dropped.
+
+    Text nobody can see (whitespace or zero-width characters only, `is_blank`) is empty.
+    """
     if not isinstance(text, str):
         return "", "I can only read text messages."
     cleaned = _SURROGATES.sub("\ufffd", text).replace("\x00", "")
-    if not cleaned.strip():
+    if is_blank(cleaned):
         return cleaned, "Your message was empty, so there was nothing for me to answer."
     if len(cleaned) > max_chars:
         return cleaned, (
@@ -26,31 +28,41 @@ def clean_text(text: str, max_chars: int) -> tuple[str, str | None]:
     return cleaned, None
 
 
-_ID_FIELDS = ("chat_id", "sender_id", "thread_id", "reply_to", "platform_message_id", "account")
-
-
-def _storable_id(value: str) -> str:
-    """An id that UTF-8 (SQLite, PostgreSQL) and percent-encoding accept; distinct stays distinct."""
-    return value.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+_ID_FIELDS = ("sender_id", "chat_id", "account", "thread_id", "reply_to", "platform_message_id")
+_REQUIRED_IDS = ("sender_id", "chat_id")
 
 
 def is_storable_id(value: str) -> bool:
-    """An id the store keeps as it is (`clean_inbound` rewrites the others)."""
-    return not (_SURROGATES.search(value) or "\x00" in value)
+    """An id the store keeps as it is (`inbound_problem` refuses messages with others)."""
+    return id_problem(value) is None
+
+
+def inbound_problem(msg: InboundMessage) -> str | None:
+    """Why the gateway refuses this message before anything else (None: it does not).
+
+    Every id must be storable as it is (`id_problem`), and the chat and the sender must be
+    named: a blank id (whitespace or zero-width characters only) is refused like an empty one.
+    The reason names the field, never the value.
+    """
+    for name in _ID_FIELDS:
+        value = getattr(msg, name)
+        if not isinstance(value, str):
+            if value is None and name not in _REQUIRED_IDS:
+                continue
+            return f"the {name} is not text"
+        problem = id_problem(value)
+        if problem is not None:
+            return f"the {name} {problem}; ids must be plain text"
+        if name in _REQUIRED_IDS and is_blank(value):
+            return f"the {name} is blank (empty, spaces or zero-width characters only)"
+    return None
 
 
 def clean_inbound(msg: InboundMessage) -> InboundMessage:
-    """The message with ids and sender name the store can hold (the text is `clean_text`'s job).
-
-    A lone surrogate (JSON can carry ``"\\ud800"``) cannot be encoded as UTF-8, so an id or a
-    name holding one would fail the insert, and the session key too. Ids keep it visible as an
-    escape; the display name gets U+FFFD.
-    """
-    changes: dict[str, Any] = {}
-    for name in _ID_FIELDS:
-        value = getattr(msg, name)
-        if isinstance(value, str) and not is_storable_id(value):
-            changes[name] = _storable_id(value)
-    if msg.sender_name and (_SURROGATES.search(msg.sender_name) or "\x00" in msg.sender_name):
-        changes["sender_name"] = _SURROGATES.sub("\ufffd", msg.sender_name).replace("\x00", "")
-    return replace(msg, **changes) if changes else msg
+    """The message with a sender name the store can hold (ids are `inbound_problem`'s job and
+    the text is `clean_text`'s): a lone surrogate becomes U+FFFD and a NUL goes, as in text.
+    A display name is no key, so the two spellings may look alike there."""
+    name = msg.sender_name
+    if name and (_SURROGATES.search(name) or "\x00" in name):
+        return replace(msg, sender_name=_SURROGATES.sub("\ufffd", name).replace("\x00", ""))
+    return msg

@@ -7,19 +7,19 @@ serves everything: the webchat, `/healthz`, `/metrics`, platform webhooks and `/
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from importlib import resources
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from channels.base import id_problem, is_blank
 from channels.webchat import WebchatChannel
 from gateway.admin import add_admin_routes
 from gateway.app import Gateway
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from gateway.text import is_storable_id
+from gateway.webguard import BadBody, HostPolicy, guard_middleware, loads_json, read_body
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +34,21 @@ class WebchatRequest(BaseModel):
     text: str
     message_id: str | None = Field(default=None, min_length=1, max_length=128)
 
-    @field_validator("message_id")
+    @field_validator("user_id", "message_id", mode="before")
     @classmethod
-    def _plain_id(cls, value: str | None) -> str | None:
-        # The reply is matched to the request by this id; one the store must rewrite (NUL, an
-        # unpaired surrogate) would never match, and the caller would wait in vain.
-        if value is not None and not is_storable_id(value):
-            raise ValueError("message_id must be plain text (no NUL, no unpaired surrogates)")
+    def _plain_id(cls, value: Any, info: ValidationInfo) -> Any:
+        # Ids are stored and keyed as they are: one the store cannot hold (a NUL, an unpaired
+        # surrogate) is refused, never rewritten into the id of somebody else; a blank one is
+        # refused like an empty one. (Before pydantic's own checks, which reject a surrogate
+        # with a less helpful message.)
+        if isinstance(value, str):
+            if is_blank(value):
+                raise ValueError(
+                    f"{info.field_name} is blank (empty, spaces or zero-width characters only)"
+                )
+            problem = id_problem(value)
+            if problem is not None:
+                raise ValueError(f"{info.field_name} {problem}; ids must be plain text")
         return value
 
 
@@ -54,13 +62,18 @@ async def chat_page(_request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
+    """200 `"status": "ok"`; 503 `"failing"` while the database is: a store step failed and no
+    write has succeeded since. What the store remembers: a probe never touches the database."""
     gateway = request.app[GATEWAY_KEY]
+    failure = gateway.store.failure
     return web.json_response(
         {
-            "status": "ok",
+            "status": "ok" if failure is None else "failing",
+            "database": "ok" if failure is None else f"failing: {failure}",
             "llm_configured": gateway.llm.configured,
             "active_lanes": gateway.lanes.active,
-        }
+        },
+        status=200 if failure is None else 503,
     )
 
 
@@ -73,13 +86,14 @@ async def metrics(request: web.Request) -> web.Response:
 async def post_message(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY_KEY]
     webchat = request.app[WEBCHAT_KEY]
-    raw = await request.read()
+    if request.content_type != "application/json":
+        # A cross-site HTML form can send only form and text types, never JSON, without a
+        # preflight the gateway never grants: refusing them means no page can post as a user.
+        return _error(415, "the request body must be JSON (Content-Type: application/json)")
     try:
-        body = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        return _error(400, "the request body is not valid UTF-8")
-    except json.JSONDecodeError as exc:
-        return _error(400, f"the request body is not valid JSON: {exc.msg} at position {exc.pos}")
+        body = loads_json(await read_body(request))
+    except BadBody as exc:
+        return _error(exc.status, exc.reason)
     try:
         req = WebchatRequest.model_validate(body)
     except ValidationError as exc:
@@ -90,8 +104,8 @@ async def post_message(request: web.Request) -> web.Response:
     limit = gateway.config.gateway.max_message_chars
     if len(req.text) > limit:
         return _error(413, f"text is {len(req.text):,} characters; the limit is {limit:,}")
-    if not req.text.strip():
-        return _error(422, "text is empty")
+    if is_blank(req.text):
+        return _error(422, "text is empty (nothing but spaces or zero-width characters)")
     try:
         reply = await webchat.submit(req.user_id, req.text, req.message_id)
     except TimeoutError:
@@ -101,16 +115,16 @@ async def post_message(request: web.Request) -> web.Response:
         )
     except ConnectionAbortedError:
         return _error(503, "the gateway is shutting down; the message is stored")
-    if not reply.accepted:
-        status = 409 if reply.reason == "duplicate message" else 422
-        if reply.reason and "shutting down" in reply.reason:
-            status = 503
+    if not reply.accepted:  # (a repeated message_id is no refusal: it gets its one reply)
+        status = 503 if reply.reason and "shutting down" in reply.reason else 422
         return _error(status, reply.reason or "not accepted", session_key=reply.session_key)
     return web.json_response({"session_key": reply.session_key, "replies": reply.replies})
 
 
 def build_app(gateway: Gateway, webchat: WebchatChannel) -> web.Application:
-    app = web.Application(client_max_size=8 * 1024 * 1024)
+    # The guard comes first: Host and cross-site checks, and one log line for every 4xx.
+    guard = guard_middleware(HostPolicy.for_config(gateway.config))
+    app = web.Application(client_max_size=8 * 1024 * 1024, middlewares=[guard])
     app[GATEWAY_KEY] = gateway
     app[WEBCHAT_KEY] = webchat
     app.router.add_get("/", chat_page)

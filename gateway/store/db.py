@@ -13,6 +13,11 @@ wake-up, a GIL hand-off). While that thread is busy they wait for it in arrival 
 They never wait for a lock on the loop: with the write lock held by another process they go to
 the thread, which waits on the busy timeout instead.
 PostgreSQL runs every step on a small thread pool (psycopg): its steps wait on the network.
+
+A step that fails on a storage fault (gateway/store/faults.py: a damaged page, a full disk, a
+server gone) raises a `StorageError` naming the database and what to do. The store remembers
+the last failed step until a write succeeds again: `/healthz` reports it without touching the
+database (`Store.failure`).
 """
 
 from __future__ import annotations
@@ -34,12 +39,14 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, delete, event, func, or_, update
 from sqlalchemy.engine import Connection, make_url
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError
 from sqlalchemy.orm import configure_mappers
 from sqlmodel import Session, col, select
 
 from channels.base import InboundMessage, OutboundMessage
 from context.types import Message, ToolCall
+from gateway.config import redacted_url
+from gateway.store.faults import StorageError, damaged, storage_error, storage_faults
 from gateway.store.hot import Dialect, HotPath, message_meta
 from gateway.store.models import (
     CompactionRow,
@@ -73,7 +80,12 @@ SUPPORTED_SCHEMES = tuple(sorted(_DRIVERS))
 
 def sync_url(url: str) -> str:
     """The driver the store runs on for a configured URL (older async spellings still accepted)."""
-    parsed = make_url(url)
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ValueError(
+            "not a database URL: use sqlite:///PATH or postgresql://USER:PASSWORD@HOST/DB"
+        ) from None
     driver = _DRIVERS.get(parsed.drivername)
     if driver is None:
         raise ValueError(
@@ -186,6 +198,14 @@ class Store:
             IntegrityError,
             self.engine.dialect.loaded_dbapi.IntegrityError,
         )
+        self._database_errors: tuple[type[BaseException], ...] = (
+            DBAPIError,
+            self.engine.dialect.loaded_dbapi.Error,
+            StorageError,
+        )
+        self.where: Path | str = self.path or redacted_url(url)
+        """How errors name this database: its SQLite file, or its URL without the password."""
+        self._failure: str | None = None  # see `failure`
 
     @property
     def path(self) -> Path | None:
@@ -196,13 +216,60 @@ class Store:
         return Path(database)
 
     async def init(self) -> None:
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.schema_status = await self._run(self._migrate)
+        """Open (creating the SQLite file and its directory) and migrate; a storage fault
+        raises the StorageError that says what to do."""
+        with storage_faults(self.where):
+            if self.path is not None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.schema_status = await self._run(self._migrate)
 
     def _migrate(self) -> str:
         with self._writer.begin() as conn:
-            return migrate(conn)
+            status = migrate(conn)
+        self._failure = None
+        return status
+
+    async def verify(self) -> None:
+        """SQLite: `PRAGMA quick_check` (every page read once; seconds for gigabytes), so a
+        damaged file is refused at start, not found out by a message. A StorageError says how
+        to recover. Nothing to check on PostgreSQL, or before the file exists."""
+        if self.path is None or not self.path.exists():
+            return
+
+        def step() -> list[str]:
+            with self.engine.connect() as conn:
+                rows = conn.exec_driver_sql("PRAGMA quick_check(1)").all()
+            return [str(row[0]) for row in rows]
+
+        with storage_faults(self.where):
+            problems = await self._run(step)
+        if problems != ["ok"]:
+            lines = [line.strip() for p in problems for line in p.splitlines()]
+            first = next((line for line in lines if line and not line.startswith("***")), "?")
+            raise damaged(self.where, f"quick_check: {first[:120]}")
+
+    @property
+    def failure(self) -> str | None:
+        """Why the last store step failed, while no write has succeeded since; else None.
+        Remembered, not probed: reading it costs nothing."""
+        return self._failure
+
+    def _failed(self, exc: Exception) -> Exception:
+        """A step failed with `exc`: remember a database error for `failure`, and give the
+        exception to raise (a storage fault becomes the StorageError that names the file)."""
+        if isinstance(exc, self._integrity_errors) or not isinstance(exc, self._database_errors):
+            return exc
+        fault = storage_error(exc, self.where)
+        if fault is None:
+            driver = getattr(exc, "orig", None) or exc
+            reason = (str(driver).strip() or type(driver).__name__).splitlines()[0]
+        else:
+            reason = str(fault)
+        self._failure = reason[:500]
+        if fault is None or fault is exc:
+            return exc
+        fault.__cause__ = exc
+        return fault
 
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self._shutdown)
@@ -224,14 +291,17 @@ class Store:
         if self._executor is None:  # first use, or used again after close() like an engine
             self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="gatehouse-db")
         loop = asyncio.get_running_loop()
-        if not self.is_sqlite:  # nothing waits for PostgreSQL's threads to go idle
-            return await loop.run_in_executor(self._executor, fn)
-        with self._busy_lock:
-            self._busy += 1
-        # Counted until the thread is done with it, even if the awaiting task is cancelled.
-        future = self._executor.submit(fn)
-        future.add_done_callback(lambda _f: self._done(loop))
-        return await asyncio.wrap_future(future)
+        try:
+            if not self.is_sqlite:  # nothing waits for PostgreSQL's threads to go idle
+                return await loop.run_in_executor(self._executor, fn)
+            with self._busy_lock:
+                self._busy += 1
+            # Counted until the thread is done with it, even if the awaiting task is cancelled.
+            future = self._executor.submit(fn)
+            future.add_done_callback(lambda _f: self._done(loop))
+            return await asyncio.wrap_future(future)
+        except Exception as exc:
+            raise self._failed(exc)  # noqa: B904  (_failed chains a StorageError to exc)
 
     def _done(self, loop: asyncio.AbstractEventLoop) -> None:
         """On the database thread: one step fewer; the loop lets the next waiter go."""
@@ -285,7 +355,9 @@ class Store:
 
         def step() -> T:
             with Session(self._writer, expire_on_commit=False) as db, db.begin():
-                return fn(db)
+                result = fn(db)
+            self._failure = None
+            return result
 
         return await self._run(step)
 
@@ -305,10 +377,13 @@ class Store:
             except sqlite3.OperationalError as exc:
                 if not _is_locked(exc):
                     self._next()
-                    raise
+                    raise self._failed(exc)  # noqa: B904
                 # Another process holds the lock: wait for it on the thread, not on the loop.
                 # The next waiter is let go once that step is done (`_done`), not before: it
                 # would overtake it.
+            except Exception as exc:
+                self._next()
+                raise self._failed(exc)  # noqa: B904
             except BaseException:
                 self._next()
                 raise
@@ -332,6 +407,8 @@ class Store:
                 cursor.execute("BEGIN IMMEDIATE")
             result = fn(cursor)
             conn.commit()
+            if write:
+                self._failure = None
         except BaseException:
             conn.rollback()
             self._session_ids.clear()  # may name a session whose insert was rolled back
@@ -538,6 +615,49 @@ class Store:
                     # A concurrent insert of the same platform message (dedupe) or session.
                     continue
         raise RuntimeError(f"could not persist inbound message for {info.key}")
+
+    async def reply_to(
+        self, platform: str, chat_id: str, platform_message_id: str
+    ) -> list[str] | None:
+        """The stored reply to an inbound message, found by the key `accept_inbound` dedupes by.
+
+        None while the message is unanswered (or unknown); [] when it was handled without a
+        reply of its own (kept as context and expired). The reply is the one its turn stored:
+        the turn that answered a message is the first to finish after the message got its place
+        (turns of one session run one at a time), and its record names the reply's seq.
+        """
+
+        def op(db: Session) -> list[str] | None:
+            found = db.exec(
+                select(MessageRow.session_id, MessageRow.seq, MessageRow.handled).where(
+                    MessageRow.platform == platform,
+                    MessageRow.chat_id == chat_id,
+                    MessageRow.platform_message_id == platform_message_id,
+                )
+            ).first()
+            if found is None:
+                return None
+            session_id, seq, handled = found
+            if not handled:
+                return None
+            if seq is None:
+                return []
+            reply_seq = db.exec(
+                select(func.min(TurnRecordRow.reply_seq)).where(
+                    TurnRecordRow.session_id == session_id,
+                    col(TurnRecordRow.reply_seq) > seq,
+                )
+            ).one()
+            if reply_seq is None:
+                return []
+            content = db.exec(
+                select(MessageRow.content).where(
+                    MessageRow.session_id == session_id, MessageRow.seq == reply_seq
+                )
+            ).first()
+            return [content] if isinstance(content, str) else []
+
+        return await self._read(op)
 
     def _arrival_order(self, key: str) -> contextlib.AbstractAsyncContextManager[Any]:
         if self.is_sqlite:

@@ -466,6 +466,7 @@ async def webchat(gateway: Gateway) -> AsyncIterator[TestClient[web.Request, web
         yield client
 
 
+JSON_TYPE = {"Content-Type": "application/json"}  # anything else is a 415 (cross-site forms)
 webchat_bodies = st.one_of(
     st.binary(max_size=64),
     json_values.map(json.dumps),
@@ -481,7 +482,7 @@ webchat_bodies = st.one_of(
 async def test_webchat_api_bodies(
     body: str | bytes, webchat: TestClient[web.Request, web.Application]
 ) -> None:
-    response = await webchat.post("/api/messages", data=body)
+    response = await webchat.post("/api/messages", data=body, headers=JSON_TYPE)
     assert response.status in (200, 400, 409, 413, 422), await response.text()
     answer = await response.json()
     if response.status == 200:
@@ -494,7 +495,7 @@ async def test_webchat_megabyte_text_gets_413(
     webchat: TestClient[web.Request, web.Application], gateway: Gateway
 ) -> None:
     body = json.dumps({"user_id": "\u202eevil\u200b", "text": MEGABYTE})
-    response = await webchat.post("/api/messages", data=body)
+    response = await webchat.post("/api/messages", data=body, headers=JSON_TYPE)
     assert response.status == 413
     assert await gateway.store.message_count() == 0
 
@@ -508,17 +509,27 @@ def test_inbound_message_fields_are_all_checked() -> None:
     assert {f.name for f in fields(InboundMessage)} == checked
 
 
-async def test_slack_ids_and_names_with_lone_surrogates_are_stored(
-    slack: tuple[SlackChannel, Taker], gateway: Gateway
+async def test_slack_ids_with_lone_surrogates_are_refused_and_names_cleaned(
+    slack: tuple[SlackChannel, Taker], gateway: Gateway, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Found by the fuzzer: a lone surrogate in an id or a sender name failed the insert (UTF-8)
-    # and the session key (percent-encoding), and the message was lost.
+    # and the session key (percent-encoding). Escaping it (a backslash, then "ud800") made it
+    # an id anyone can type, sharing that person's session (issue 20): such ids are refused now,
+    # with one log line; a name is no key and only loses the surrogate.
     event = json.loads((FIXTURES / "slack_message_im.json").read_text())["event"]
     event.update(user="U\ud800", ts="1767225600.0001\udc00", text="hi \udfff")
-    event["user_profile"] = {"display_name": "Ann \ud83d"}
+    msg = slack[0].normalize(event)
+    assert msg is not None
+    caplog.set_level(logging.INFO)
+    refused = await gateway.handle_inbound(msg)
+    assert not refused.accepted and refused.session_key is None
+    assert refused.reason is not None and "sender_id" in refused.reason
+    assert [r.exc_info for r in caplog.records if r.name.startswith("gateway")] == [None]
+    assert await gateway.store.message_count() == 0
+    event.update(user="U7", ts="1767225600.0002", user_profile={"display_name": "Ann \ud83d"})
     msg = slack[0].normalize(event)
     assert msg is not None
     first = await gateway.handle_inbound(msg)
-    assert first.accepted and first.session_key == "agent:main:slack:direct:U%5Cud800"
+    assert first.accepted and first.session_key == "agent:main:slack:direct:U7"
     again = await gateway.handle_inbound(msg)  # a redelivery is still the same message
     assert again.duplicate

@@ -442,6 +442,77 @@ async def test_http_before_start_is_unavailable(fake: FakeSlack) -> None:
         assert response.status == 503
 
 
+
+DEEP_JSON = "[" * 50_000 + "]" * 50_000
+
+
+def _no_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    assert all(r.exc_info is None for r in caplog.records)
+    assert "Traceback" not in caplog.text
+
+
+def _lines(caplog: pytest.LogCaptureFixture) -> int:
+    """Log lines a request left (the test server's access log aside: the gateway has none)."""
+    return sum(r.levelno >= logging.INFO and r.name != "aiohttp.access" for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("body", "ctype"),
+    [
+        ('{"event": ' + DEEP_JSON + "}", "application/json"),
+        (DEEP_JSON, "application/json"),
+        ("payload=" + DEEP_JSON, "application/x-www-form-urlencoded"),
+        ("{not json", "application/json"),
+    ],
+    ids=["deep-object", "deep-array", "deep-form-payload", "malformed"],
+)
+async def test_http_unsigned_bodies_are_refused_before_they_are_parsed(
+    http: TestClient[web.Request, web.Application],
+    collector: Collector,
+    caplog: pytest.LogCaptureFixture,
+    body: str,
+    ctype: str,
+) -> None:
+    caplog.set_level(logging.INFO)
+    for headers in (
+        {"Content-Type": ctype},  # unsigned
+        {**signed_headers("not-the-secret", body), "Content-Type": ctype},
+        {**signed_headers(SECRET, body), "Content-Type": ctype, "X-Slack-Request-Timestamp": "x"},
+        {**signed_headers(SECRET, body), "Content-Type": ctype, "X-Slack-Signature": "v0=\u00e9"},
+    ):
+        caplog.clear()
+        response = await http.post("/slack/events", data=body.encode(), headers=headers)
+        assert response.status == 401, headers
+        _no_traceback(caplog)
+        assert _lines(caplog) == 1
+    assert collector.messages == []
+
+
+@pytest.mark.parametrize(
+    ("body", "ctype"),
+    [
+        ('{"event": ' + DEEP_JSON + "}", "application/json"),
+        ("payload=" + DEEP_JSON, "application/x-www-form-urlencoded"),
+        ("{not json", "application/json"),
+        ('{"type": "event_callback", "event": ' + "[" * 200 + "]" * 200 + "}", "application/json"),
+    ],
+    ids=["deep-object", "deep-form-payload", "malformed", "deep-but-parseable"],
+)
+async def test_http_signed_malformed_bodies_are_a_400_not_a_500(
+    http: TestClient[web.Request, web.Application],
+    collector: Collector,
+    caplog: pytest.LogCaptureFixture,
+    body: str,
+    ctype: str,
+) -> None:
+    caplog.set_level(logging.INFO)
+    headers = {**signed_headers(SECRET, body), "Content-Type": ctype}
+    response = await http.post("/slack/events", data=body.encode(), headers=headers)
+    assert response.status == 400
+    _no_traceback(caplog)
+    assert _lines(caplog) == 1
+    assert collector.messages == []
+
 # -- Markdown -> mrkdwn ----------------------------------------------------------------------
 
 MRKDWN_GOLDENS = [

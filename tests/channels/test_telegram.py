@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import html
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -523,6 +524,39 @@ async def test_webhook_rejects_a_wrong_or_missing_secret(
     update = fake.private_message(7, "forged", enqueue=False)
     response = await client.post(WEBHOOK_PATH, json=update, headers=headers)
     assert response.status == 403
+    assert collector.calls == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" * 50_000 + b"]" * 50_000,
+        b'{"update_id": 5, "message": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
+        b'{"update_id": 6, "message": {"x": ' + b"[" * 300 + b"]" * 300 + b"}}",
+        b'{"update_id": ' + b"9" * 5_000 + b"}",
+        b"\xff\xfe{}",
+    ],
+    ids=["deep-array", "deep-update", "deep-but-parseable", "huge-integer", "not-utf-8"],
+)
+async def test_webhook_malformed_bodies_are_a_400_with_one_log_line(
+    collector: Collector,
+    webhook: tuple[TelegramChannel, Any],
+    caplog: pytest.LogCaptureFixture,
+    body: bytes,
+) -> None:
+    _, client = webhook
+    caplog.set_level(logging.INFO)
+    caplog.clear()
+    response = await client.post(WEBHOOK_PATH, data=body, headers={SECRET_HEADER: "wrong"})
+    assert response.status == 403, "the secret is checked before the body is read"
+    response = await client.post(
+        WEBHOOK_PATH, data=body,
+        headers={SECRET_HEADER: "s3cret-Token_1", "Content-Type": "application/json"},
+    )
+    assert response.status == 400
+    assert all(r.exc_info is None for r in caplog.records) and "Traceback" not in caplog.text
+    lines = [r for r in caplog.records if r.levelno >= logging.INFO and r.name != "aiohttp.access"]
+    assert len(lines) == 2, [r.getMessage()[:200] for r in lines]  # one per refused request
     assert collector.calls == []
 
 

@@ -46,6 +46,8 @@ async def test_webchat_then_admin_login_session_and_compact_now(
         browser = await p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
             page = await browser.new_page(viewport={"width": 1280, "height": 900})
+            console: list[str] = []
+            page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
             # The webchat page: type a message, see the reply (the fake echoes it).
             await page.goto(f"{url}/")
             await page.fill("#text", "Track ticket ORD-1042 for me " + FILLER[:400])
@@ -100,6 +102,12 @@ async def test_webchat_then_admin_login_session_and_compact_now(
             assert session_key in await page.inner_text("#hits")
             await page.goto(f"{url}/admin/pairing")
             assert "No pending requests." in await page.inner_text("main")
+            # Under the admin's Content-Security-Policy: the stylesheet applies, nothing refused.
+            header = await page.eval_on_selector(
+                "header", "e => getComputedStyle(e).backgroundColor"
+            )
+            assert header == "rgb(29, 35, 42)"
+            assert not [m for m in console if "Content Security Policy" in m], console
         finally:
             await browser.close()
     for name in ("webchat", "admin-sessions", "admin-compacted", "admin-session"):

@@ -274,3 +274,106 @@ def test_token_chart_places_events_between_the_turns_they_fell_between() -> None
     assert chart.points[0].y > chart.points[2].y, "more tokens are higher up"
     window_line = next(line for line in chart.lines if line.kind == "window")
     assert window_line.y == chart.top
+
+
+# -- hardening (issue 20, item 4) -----------------------------------------------------------
+
+
+async def _pending_code(rg: RunningGateway) -> str:
+    code = new_code()
+    await rg.gateway.store.add_pairing(PairingRow(
+        platform="telegram", sender_id="666", sender_name="Mallory", code=code,
+        expires_at=datetime.now(UTC) + timedelta(hours=1),
+    ))
+    return code
+
+
+async def test_anonymous_admin_refuses_cross_site_posts(
+    make_config: MakeConfig, fake_llm: FakeOpenAI
+) -> None:
+    """A page on another origin cannot approve a pairing or compact a session through a
+    browser that reaches an anonymous admin: Origin (or Referer) must be the admin's own."""
+    async for a in serve(make_config, fake_llm, admin_anonymous=True):
+        await a.rg.ask("hello")
+        code = await _pending_code(a.rg)
+        decide = {"code": code, "decision": "approved"}
+        compact = f"/admin/session/compact?key={quote('agent:main:webchat:direct:tester', safe='')}"
+        for forged in ({}, {"Origin": "https://evil.example"}, {"Origin": "null"},
+                       {"Referer": "https://evil.example/attack.html"},
+                       {"Origin": a.url.replace("127.0.0.1", "localhost")}):
+            status, body, _ = await a.post("/admin/pairing/decide", decide, headers=forged)
+            assert status == 403 and "cross-site" in body, forged
+            status, body, _ = await a.post(compact, {}, headers=forged)
+            assert status == 403 and "cross-site" in body, forged
+        assert await a.rg.gateway.store.approved_senders("telegram") == set()
+        # The admin's own pages post with their own origin (or, in old browsers, Referer).
+        status, _, _ = await a.post("/admin/pairing/decide", decide, headers={"Origin": a.url})
+        assert status == 303
+        assert await a.rg.gateway.store.approved_senders("telegram") == {"666"}
+        status, _, _ = await a.post(compact, {}, headers={"Referer": f"{a.url}/admin/session"})
+        assert status == 303
+
+
+async def test_bearer_clients_need_no_origin_but_a_forged_one_is_refused(admin: Admin) -> None:
+    code = await _pending_code(admin.rg)
+    decide = {"code": code, "decision": "denied"}
+    status, _, _ = await admin.post(
+        "/admin/pairing/decide", decide, headers={**BEARER, "Origin": "https://evil.example"}
+    )
+    assert status == 403
+    status, _, _ = await admin.post("/admin/pairing/decide", decide, headers=BEARER)
+    assert status == 303
+
+
+async def test_admin_refuses_a_foreign_host_header(
+    make_config: MakeConfig, fake_llm: FakeOpenAI
+) -> None:
+    """DNS rebinding: a name the attacker controls resolves to 127.0.0.1, same-origin to them."""
+    async for a in serve(make_config, fake_llm, admin_anonymous=True):
+        for host in ("evil.example", "evil.example:8787", "127.0.0.1.evil.example"):
+            status, _, _ = await a.get("/admin/", headers={"Host": host})
+            assert status in (400, 421), host
+        for host in ("127.0.0.1", "localhost:8787", "[::1]:8787"):
+            assert (await a.get("/admin/", headers={"Host": host}))[0] == 200, host
+
+
+async def test_admin_pages_cannot_be_framed_and_carry_a_content_security_policy(
+    make_config: MakeConfig, fake_llm: FakeOpenAI
+) -> None:
+    async for a in serve(make_config, fake_llm, admin_token=TOKEN):
+        await a.rg.ask("hello")
+        key = quote("agent:main:webchat:direct:tester", safe="")
+        for path in ("/admin/", f"/admin/session?key={key}", "/admin/pairing", "/admin/memory",
+                     "/admin/login"):
+            status, body, r = await a.get(path, headers={**BEARER, "Accept": "text/html"})
+            assert status == 200, path
+            assert r.headers["X-Frame-Options"] == "DENY"
+            csp = r.headers["Content-Security-Policy"]
+            assert "frame-ancestors 'none'" in csp and "script-src 'self'" in csp
+            assert "unsafe-inline" not in csp and "unsafe-eval" not in csp
+            assert "<script>" not in body and " style=" not in body  # nothing inline to allow
+        for asset in ("/admin/static/htmx.min.js", "/admin/static/admin.css"):
+            assert (await a.get(asset))[0] == 200, asset
+
+
+async def test_failed_admin_logins_are_rate_limited(admin: Admin) -> None:
+    for _ in range(5):
+        status, _, _ = await admin.post("/admin/login", {"token": "guess-0123456789ab"})
+        assert status == 401
+    status, _, r = await admin.post("/admin/login", {"token": TOKEN})
+    assert status == 429, "even the right token: a limited client learns nothing"
+    assert 0 < int(r.headers["Retry-After"]) <= 60
+    status, _, r = await admin.get("/admin/", headers={"Authorization": "Bearer guess"})
+    assert status == 429 and "Retry-After" in r.headers
+
+
+def test_login_limiter_frees_the_client_after_the_window() -> None:
+    from gateway.admin import LoginLimiter
+
+    limiter = LoginLimiter(limit=5, window=60.0)
+    for i in range(5):
+        assert limiter.retry_after("10.0.0.1", now=100.0 + i) is None
+        limiter.failed("10.0.0.1", now=100.0 + i)
+    assert limiter.retry_after("10.0.0.1", now=105.0) == 55
+    assert limiter.retry_after("10.0.0.2", now=105.0) is None, "per client address"
+    assert limiter.retry_after("10.0.0.1", now=160.5) is None

@@ -1,14 +1,16 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from urllib.parse import unquote
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from channels.base import InboundMessage
+from channels.base import InboundMessage, is_blank
 from gateway.config import SessionsSection
-from gateway.sessions import SessionKeyer
+from gateway.sessions import SessionKeyer, encode_part
+from gateway.text import inbound_problem
 
 DM = InboundMessage(
     platform="telegram", chat_type="direct", chat_id="42", sender_id="42", text="hi"
@@ -61,7 +63,16 @@ def test_separators_in_ids_cannot_forge_keys() -> None:
 
 
 PLATFORMS = st.sampled_from(["telegram", "slack", "discord", "webchat", "console"])
-IDS = st.text(min_size=0, max_size=12)
+LOOK_ALIKES = [
+    "\x00", "\\x00", "\\", "x00", "\ud800", "\udfff", "\\ud800", "\\udfff", "%", "%00",
+    "%25", "%5C", ":", "::", "+", "\u200b", " ",
+]
+"""NUL and lone surrogates (which the store cannot hold) next to what escaping them used to
+produce (a backslash, x, 0, 0), percent signs and separators."""
+IDS = st.text(min_size=0, max_size=12) | st.lists(
+    st.sampled_from(LOOK_ALIKES) | st.characters(categories=["Cs"]) | st.characters(),
+    max_size=5,
+).map("".join)
 
 
 @st.composite
@@ -94,7 +105,33 @@ def conversation(msg: InboundMessage, s: SessionsSection) -> tuple[object, ...]:
     return ("group", msg.platform, kind, msg.chat_id, msg.thread_id, user)
 
 
+def gateway_key(keyer: SessionKeyer, msg: InboundMessage) -> str | None:
+    """The session the gateway files a message under (`Gateway.handle_inbound`): None when it
+    refuses the message, which it must do exactly for ids it cannot store as they are (a NUL,
+    an unpaired surrogate) and for a blank sender or chat."""
+    problem = inbound_problem(msg)
+    ids = [msg.chat_id, msg.sender_id, msg.account, msg.thread_id]
+    unstorable = any(
+        i is not None and ("\x00" in i or any("\ud800" <= c <= "\udfff" for c in i)) for i in ids
+    )
+    assert (problem is not None) == (unstorable or is_blank(msg.chat_id) or is_blank(msg.sender_id))
+    return None if problem is not None else keyer.key_for(msg)
+
+
+EVIL = InboundMessage(platform="webchat", chat_type="direct", chat_id="ev\x00il",
+                      sender_id="ev\x00il", text="x")
+PLAIN = replace(EVIL, chat_id="ev\\x00il", sender_id="ev\\x00il")
+
+
 @settings(max_examples=400, deadline=None)
+@example(a=EVIL, b=PLAIN, scope="per-channel-peer", per_user=False)
+@example(a=replace(EVIL, chat_id="U\ud800", sender_id="U\ud800"),
+         b=replace(EVIL, chat_id="U\\ud800", sender_id="U\\ud800"),
+         scope="per-peer", per_user=False)
+@example(a=replace(GROUP, thread_id="\x00"), b=replace(GROUP, thread_id=""),
+         scope="main", per_user=False)
+@example(a=replace(GROUP, chat_id="C1%3A2"), b=replace(GROUP, chat_id="C1:2"),
+         scope="main", per_user=True)
 @given(
     a=inbound(),
     b=inbound(),
@@ -106,5 +143,22 @@ def test_keys_collide_exactly_when_conversations_are_the_same(
 ) -> None:
     settings_ = SessionsSection(dm_scope=scope, per_user_in_groups=per_user)  # type: ignore[arg-type]
     keyer = SessionKeyer(settings_)
+    key_a, key_b = gateway_key(keyer, a), gateway_key(keyer, b)
+    if key_a is None or key_b is None:
+        return  # refused: never filed under anyone's session
     same = conversation(a, settings_) == conversation(b, settings_)
-    assert (keyer.key_for(a) == keyer.key_for(b)) == same
+    assert (key_a == key_b) == same
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=IDS)
+def test_a_key_part_is_its_id_percent_encoded_or_an_error(value: str) -> None:
+    """Storable ids encode reversibly ("%00", which only a NUL could decode to, marks the empty
+    one); an id the store cannot hold is an error, never an escape that another id spells."""
+    if "\x00" in value or any("\ud800" <= c <= "\udfff" for c in value):
+        with pytest.raises(ValueError, match="session key"):
+            encode_part(value)
+        return
+    encoded = encode_part(value)
+    assert ":" not in encoded and "+" not in encoded
+    assert unquote(encoded, errors="strict") == (value or "\x00")

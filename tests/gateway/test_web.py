@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -87,8 +88,75 @@ async def test_duplicate_message_id_is_answered_once(
 ) -> None:
     fake_llm.script(reply("first"))
     payload = '{"user_id": "a", "text": "hi", "message_id": "m-1"}'
-    assert (await post(base_url, payload))[0] == 200
-    status, body = await post(base_url, payload)
-    assert status == 409
-    assert body["error"] == "duplicate message"
+    first = await post(base_url, payload)
+    assert first == (200, {"session_key": "agent:main:webchat:direct:a", "replies": ["first"]})
+    assert await post(base_url, payload) == first  # the stored reply, not a second answer
     assert len(fake_llm.requests) == 1
+
+
+# -- hardening (issue 20): malformed input is a 4xx and one log line; cross-site posts refused --
+
+DEEP = b'{"user_id": "a", "text": ' + b"[" * 5_000 + b"]" * 5_000 + b"}"
+
+
+def refusal_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    """Records a refused request left, from the gateway, the channels or aiohttp itself."""
+    return [
+        r for r in caplog.records
+        if r.name.split(".")[0] in ("gateway", "channels", "aiohttp", "slack_bolt")
+        and r.levelno >= logging.INFO
+    ]
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [DEEP, b"[" * 100_000, b'{"user_id": "a", "text": ' + b"1" * 5_000 + b"}"],
+    ids=["deep-object", "deep-array", "huge-integer"],
+)
+async def test_deep_or_huge_json_is_a_400_and_one_log_line_without_traceback(
+    base_url: str, fake_llm: FakeOpenAI, caplog: pytest.LogCaptureFixture, payload: bytes
+) -> None:
+    caplog.set_level(logging.INFO)
+    status, body = await post(base_url, payload)
+    assert status == 400, body
+    assert "JSON" in body["error"]
+    [line] = refusal_lines(caplog)
+    assert line.exc_info is None and "Traceback" not in caplog.text
+    assert fake_llm.requests == []
+
+
+@pytest.mark.parametrize(
+    "ctype",
+    ["application/x-www-form-urlencoded", "text/plain", "multipart/form-data; boundary=x", ""],
+)
+async def test_only_json_is_accepted_so_a_cross_site_form_cannot_post(
+    base_url: str, running: RunningGateway, ctype: str
+) -> None:
+    status, body = await post(base_url, '{"user_id": "alice", "text": "hi"}', ctype=ctype)
+    assert status == 415
+    assert "application/json" in body["error"]
+    assert await running.gateway.store.message_count() == 0
+
+
+async def test_foreign_host_and_cross_site_origin_are_refused(
+    base_url: str, running: RunningGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    payload = b'{"user_id": "alice", "text": "hi"}'
+    json_type = {"Content-Type": "application/json"}
+    async with aiohttp.ClientSession() as http:
+        # DNS rebinding: evil.example resolves to 127.0.0.1, the browser still sends its name.
+        async with http.post(f"{base_url}/api/messages", data=payload,
+                             headers={**json_type, "Host": "evil.example:8787"}) as r:
+            assert r.status == 421
+        async with http.get(f"{base_url}/healthz", headers={"Host": "evil.example"}) as r:
+            assert r.status == 421
+        for forged in ({"Origin": "https://evil.example"}, {"Origin": "null"},
+                       {"Referer": "https://evil.example/page"}):
+            async with http.post(f"{base_url}/api/messages", data=payload,
+                                 headers={**json_type, **forged}) as r:
+                assert r.status == 403, forged
+                assert "cross-site" in (await r.json())["error"]
+    assert await running.gateway.store.message_count() == 0
+    assert len(refusal_lines(caplog)) == 5
+    assert "Traceback" not in caplog.text
