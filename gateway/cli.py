@@ -440,7 +440,10 @@ def sessions_export(
     if output is None:
         sys.stdout.write(lines)
         return
-    output.write_text(lines, encoding="utf-8")
+    try:
+        output.write_text(lines, encoding="utf-8")
+    except OSError as exc:  # the user's path, not a data file: no storage advice
+        _fail("cannot write", f"{output}: {exc.strerror or exc}", 1)
     roles: dict[str, int] = {}
     for m in messages:
         roles[m["role"]] = roles.get(m["role"], 0) + 1
