@@ -19,6 +19,7 @@ from channels.webchat import WebchatChannel
 from gateway.admin import add_admin_routes
 from gateway.app import Gateway
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from gateway.store.faults import StorageError
 from gateway.webguard import BadBody, HostPolicy, guard_middleware, loads_json, read_body
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,10 @@ async def post_message(request: web.Request) -> web.Response:
         )
     except ConnectionAbortedError:
         return _error(503, "the gateway is shutting down; the message is stored")
+    except StorageError as exc:
+        # The message could not be stored: said once, as the one line the CLI would print.
+        log.error("webchat: the message was not stored: %s", exc)
+        return _error(503, f"the database is failing, the message was not stored: {exc}")
     if not reply.accepted:  # (a repeated message_id is no refusal: it gets its one reply)
         status = 503 if reply.reason and "shutting down" in reply.reason else 422
         return _error(status, reply.reason or "not accepted", session_key=reply.session_key)

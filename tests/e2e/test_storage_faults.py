@@ -196,7 +196,8 @@ async def test_healthz_says_the_database_fails_once_a_write_failed(
             async with http.post(
                 f"{url}/api/messages", json={"user_id": "newcomer", "text": "hello?"}
             ) as resp:
-                assert resp.status == 500
+                assert resp.status == 503  # not stored, said so: no 500, no traceback
+                assert "the database is failing" in (await resp.json())["error"]
             async with http.get(f"{url}/healthz") as resp:
                 assert resp.status == 503
                 body = await resp.json()
