@@ -3,24 +3,12 @@ ok again once a write succeeds. Cheap: the store remembers its last failure, pro
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import aiohttp
-import pytest
 from sqlalchemy import create_engine, text
 
 from gateway.store.db import sync_url
-from gateway.web import WebServer, build_app
 from tests.conftest import RunningGateway
 from tests.fakes import FakeOpenAI, reply
-
-
-@pytest.fixture
-async def base_url(running: RunningGateway) -> AsyncIterator[str]:
-    server = WebServer(build_app(running.gateway, running.webchat), "127.0.0.1", 0)
-    url = await server.start()
-    yield url
-    await server.stop()
 
 
 async def health(url: str) -> tuple[int, dict]:

@@ -3,22 +3,12 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
 
-from gateway.web import WebServer, build_app
 from tests.conftest import RunningGateway
 from tests.fakes import FakeOpenAI, reply
-
-
-@pytest.fixture
-async def base_url(running: RunningGateway) -> AsyncIterator[str]:
-    server = WebServer(build_app(running.gateway, running.webchat), "127.0.0.1", 0)
-    url = await server.start()
-    yield url
-    await server.stop()
 
 
 async def post(url: str, data: bytes | str, ctype: str = "application/json") -> tuple[int, dict]:

@@ -23,14 +23,6 @@ from tests.conftest import MakeConfig, RunningGateway
 from tests.fakes import FakeOpenAI, echo
 
 
-@pytest.fixture
-async def base_url(running: RunningGateway) -> AsyncIterator[str]:
-    server = WebServer(build_app(running.gateway, running.webchat), "127.0.0.1", 0)
-    url = await server.start()
-    yield url
-    await server.stop()
-
-
 async def post(url: str, payload: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """POST one JSON body (json.dumps escapes NUL and lone surrogates as \\u0000 / \\ud800)."""
     async with aiohttp.ClientSession() as http:
