@@ -83,7 +83,10 @@ class Gateway:
             self.deliver,
             self.resolver,
             make_summary_call(config, self.summary_llm),
-            MemoryFlush(self.llm, memory_only, self.store, config.gateway.timezone),
+            MemoryFlush(
+                self.llm, memory_only, self.store, config.gateway.timezone,
+                workspace=config.workspace,
+            ),
         )
         self.lanes = SessionLanes(
             self.runner.run_turn,
@@ -104,6 +107,7 @@ class Gateway:
         self.runner.on_compaction = self.metrics.observe_compaction
         if self.runner.flush is not None:
             self.runner.flush.on_flush = self.metrics.observe_flush
+            self.runner.flush.on_notes = self.metrics.observe_flush_notes
         self.access = AccessPolicy(config, self.store)
         self.runner.typing = self.typing
         self.runner.previews = Previews(config.channels, self.channels, config.llm.stream)

@@ -13,14 +13,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from context.compaction import redact_messages
-from context.identifiers import redact_secrets
+from context.compaction import redact_messages, salient_sentences
+from context.identifiers import inline_code
+from context.salience import rank_identifiers
+from context.secrets import redact_secrets
 from context.types import Message
 from gateway.llm import LLMError, LLMProvider
 from gateway.store import SessionRow, Store
 from gateway.tools import Tool, ToolContext, ToolError, ToolRegistry
 from memory.index import MemoryIndex
-from memory.notes import append_note, read_lines
+from memory.notes import MAX_ENTRY_CHARS, append_note, read_lines
 from memory.workspace import WorkspacePathError
 
 log = logging.getLogger(__name__)
@@ -138,19 +140,72 @@ FLUSH_PROMPT = (
 )
 
 
+AUTO_SOURCE = "automatic flush"
+"""The heading mark of a note the gateway extracted itself (the model wrote none)."""
+NOTE_IDENTIFIERS = 20
+RECENT_NOTE_FILES = 7
+"""Earlier notes an extracted note is deduplicated against: the last week's files."""
+
+
+def extracted_note(messages: Sequence[Message], earlier: str) -> str | None:
+    """A note quoted from the conversation itself: decisions, open TODOs, constraints, pending
+    asks and the most salient identifiers, without what `earlier` notes already hold.
+
+    For the flush whose model wrote nothing (or could not call tools): durable facts are
+    saved whether or not the model cooperates. Redacted; None when nothing new is left.
+    """
+    said = redact_messages([m for m in messages if m.role != "system"])
+    latest = next((m.text for m in reversed(said) if m.role == "user" and m.text), None)
+    found = salient_sentences(said, latest)
+    ranked = rank_identifiers(said)
+
+    def new(items: Sequence[str]) -> list[str]:
+        return [i for i in dict.fromkeys(items) if i not in earlier]
+
+    sections = [
+        ("Decisions", new(found.decisions)),
+        ("Open TODOs", new(found.todos)),
+        ("Constraints", new(found.constraints)),
+        ("Pending asks", new(found.asks[-2:])),
+    ]
+    ids = [
+        r.value for r in ranked
+        if not r.identifier.secret and "bulk tool output" not in r.reasons
+    ]
+    fresh_ids = [v for v in ids if v not in earlier][:NOTE_IDENTIFIERS]
+    lines = [f"{title}:\n" + "\n".join(f"- {i}" for i in items) for title, items in sections if items]
+    if fresh_ids:
+        lines.append("Identifiers: " + ", ".join(inline_code(v) for v in fresh_ids))
+    if not lines:
+        return None
+    note = "Quoted from the conversation (the model wrote no note).\n\n" + "\n\n".join(lines)
+    return note[:MAX_ENTRY_CHARS]
+
+
 class MemoryFlush:
-    """One silent agent turn with only the memory tools, once per compaction cycle."""
+    """One silent agent turn with only the memory tools, once per compaction cycle; when the
+    model writes no note, a note extracted from the conversation itself."""
 
     def __init__(
-        self, llm: LLMProvider, tools: ToolRegistry, store: Store, timezone: str, max_rounds: int = 4
+        self,
+        llm: LLMProvider,
+        tools: ToolRegistry,
+        store: Store,
+        timezone: str,
+        max_rounds: int = 4,
+        workspace: Path | None = None,
     ) -> None:
         self.llm = llm
         self.tools = tools
         self.store = store
         self.timezone = timezone
         self.max_rounds = max_rounds
+        self.workspace = workspace
+        """Where an extracted note goes (None: no extracted notes)."""
         self.on_flush: Callable[[bool], None] | None = None
         """Told whether each flush succeeded (the gateway's metrics)."""
+        self.on_notes: Callable[[str, int], None] | None = None
+        """Told how many notes each source wrote: ("model" | "extracted", count)."""
 
     @staticmethod
     def due(session: SessionRow) -> bool:
@@ -184,19 +239,67 @@ class MemoryFlush:
                         )
                     )
         except (TimeoutError, LLMError) as exc:
-            log.warning("memory flush failed for %s (cycle not marked): %s", session.key, exc)
-            await self._record(session, False, writes)
+            extracted = 0 if writes else await self._extract(session, prompt)
+            log.warning(
+                "memory flush failed for %s (cycle not marked): %s; model wrote %d / extracted "
+                "%d", session.key, exc, writes, extracted,
+            )
+            await self._record(session, False, writes + extracted, writes, extracted)
             return False
-        await self._record(session, True, writes)
+        extracted = 0 if writes else await self._extract(session, prompt)
+        await self._record(session, True, writes + extracted, writes, extracted)
         log.info(
-            "memory flush for %s (cycle %d): %d notes written",
-            session.key, session.compaction_cycle, writes,
+            "memory flush for %s (cycle %d): model wrote %d / extracted %d",
+            session.key, session.compaction_cycle, writes, extracted,
         )
         return True
 
-    async def _record(self, session: SessionRow, ok: bool, writes: int) -> None:
+    async def _extract(self, session: SessionRow, prompt: Sequence[Message]) -> int:
+        """Write the extracted note (1) unless there is nothing new (0); never raises."""
+        workspace = self.workspace
+        if workspace is None:
+            return 0
+
+        def write() -> int:
+            earlier = _recent_notes(workspace)
+            note = extracted_note(prompt, earlier)
+            if note is None:
+                return 0
+            append_note(
+                workspace, note, session_key=session.key, tz=self.timezone, source=AUTO_SOURCE
+            )
+            return 1
+
+        try:
+            return await asyncio.to_thread(write)
+        except (ValueError, OSError) as exc:
+            log.warning("could not write the extracted memory note for %s: %s", session.key, exc)
+            return 0
+
+    async def _record(
+        self, session: SessionRow, ok: bool, notes: int, by_model: int = 0, extracted: int = 0
+    ) -> None:
         """Store the flush (a success also marks its cycle) and tell the metrics."""
         assert session.id is not None
-        await self.store.record_flush(session.id, session.compaction_cycle, ok, writes)
+        await self.store.record_flush(session.id, session.compaction_cycle, ok, notes)
         if self.on_flush is not None:
             self.on_flush(ok)
+        if self.on_notes is not None:
+            self.on_notes("model", by_model)
+            self.on_notes("extracted", extracted)
+
+
+def _recent_notes(workspace: Path) -> str:
+    """The last week's note files, for deduplication (missing or unreadable ones are skipped)."""
+    folder = workspace / "memory"
+    try:
+        files = sorted(folder.glob("*.md"))[-RECENT_NOTE_FILES:]
+    except OSError:
+        return ""
+    parts = []
+    for f in files:
+        try:
+            parts.append(f.read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            continue
+    return "\n".join(parts)

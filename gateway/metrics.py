@@ -60,6 +60,12 @@ class GatewayMetrics:
             "gatehouse_memory_flushes", "Silent memory-flush turns, by outcome (ok or failed).",
             ["outcome"], registry=r,
         )
+        self.flush_notes = Counter(
+            "gatehouse_memory_flush_notes",
+            "Notes memory flushes wrote, by source: the model, or extracted from the "
+            "conversation when the model wrote none.",
+            ["source"], registry=r,
+        )
         self.lanes_active = Gauge(
             "gatehouse_lanes_active", "Sessions with a turn running or waiting for a slot.",
             registry=r,
@@ -103,6 +109,9 @@ class GatewayMetrics:
 
     def observe_flush(self, ok: bool) -> None:
         self.flushes.labels("ok" if ok else "failed").inc()
+
+    def observe_flush_notes(self, source: str, count: int) -> None:
+        self.flush_notes.labels(source).inc(count)
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))

@@ -243,3 +243,67 @@ async def test_secrets_reach_neither_the_flush_turn_nor_the_notes(make_config: M
             assert secret not in notes and "the deploy key is [REDACTED:openai_key]" in notes
         finally:
             await rg.gateway.stop()
+
+
+async def test_a_flush_whose_model_writes_nothing_still_saves_the_durable_facts(
+    make_config: MakeConfig,
+) -> None:
+    """The model answers NO_REPLY (or cannot call tools): the gateway writes a note quoted from
+    the conversation itself — decisions, TODOs, constraints, asks, salient identifiers —
+    attributed as an automatic flush, redacted, and not twice."""
+    secret = "sk-proj-Zq8xW2vN5mK1pR7tY4uI9oL3aS6dF0gH2jK4"
+
+    def silent_model(body: dict[str, Any]) -> Any:
+        return reply("NO_REPLY") if kind(body) == "flush" else scripted(body)
+
+    async with FakeOpenAI(default=silent_model) as fake:
+        rg = await start(make_config, fake, window=200_000)
+        try:
+            await rg.ask(
+                "We decided to move billing to db-replica-07 because the primary is pinned. "
+                f"Never restart the primary during business hours. My key is {secret}. " + FILLER
+            )
+            await rg.ask("TODO: re-capture ORD-88123 after payments-gw recovers. " + FILLER)
+            for i in range(3):
+                await rg.ask(f"filler {i} " + FILLER)
+            [answer] = await rg.ask("/compact")
+            assert answer.startswith("Compacted"), answer
+            notes_dir = rg.gateway.config.workspace / "memory"
+            text = "".join(p.read_text() for p in notes_dir.glob("*.md"))
+            assert "automatic flush" in text and KEY in text
+            assert "We decided to move billing to db-replica-07" in text
+            assert "Never restart the primary during business hours." in text
+            assert "TODO: re-capture ORD-88123" in text and "`db-replica-07`" in text
+            assert secret not in text
+            # The next cycle's flush does not repeat what earlier notes hold.
+            entries = text.count("automatic flush")
+            decided = text.count("We decided to move billing to db-replica-07")
+            for i in range(4):
+                await rg.ask(f"more filler {i} " + FILLER)
+            [again] = await rg.ask("/compact")
+            assert again.startswith("Compacted"), again
+            text = "".join(p.read_text() for p in notes_dir.glob("*.md"))
+            assert text.count("We decided to move billing to db-replica-07") == decided
+            notes = text.count("automatic flush")  # the new span's asks are new: a 2nd note
+            assert notes >= entries
+            metrics = rg.gateway.metrics.render().decode()
+            assert f'gatehouse_memory_flush_notes_total{{source="extracted"}} {notes}.0' in metrics
+            assert 'gatehouse_memory_flush_notes_total{source="model"} 0.0' in metrics
+        finally:
+            await rg.gateway.stop()
+
+
+def test_extracted_note_quotes_the_facts_and_skips_what_earlier_notes_hold() -> None:
+    from context.types import Message
+    from gateway.memory_tools import extracted_note
+
+    messages = [
+        Message(role="system", content="We decided to ignore the system prompt."),
+        Message(role="user", content="We decided to pin ORD-88123 to db-replica-07. TODO: check it."),
+        Message(role="assistant", content="Done."),
+    ]
+    note = extracted_note(messages, earlier="")
+    assert note is not None
+    assert "We decided to pin ORD-88123 to db-replica-07." in note and "TODO: check it." in note
+    assert "`ORD-88123`" in note and "system prompt" not in note
+    assert extracted_note(messages, earlier=note) is None, "nothing new: no note"
