@@ -38,7 +38,7 @@ from typing import Literal
 
 from context.failures import READ_TOOLS, tool_failure
 from context.history import split_turns
-from context.identifiers import Identifier, inline_code, redact_secrets
+from context.identifiers import Identifier, inline_code
 from context.quality import (
     REQUIRED_SECTIONS,
     QualityReport,
@@ -48,6 +48,7 @@ from context.quality import (
     score_for_ranking,
 )
 from context.salience import RankedIdentifier, rank_identifiers
+from context.secrets import redact_secrets
 from context.tokens import TokenCounter
 from context.types import Message
 

@@ -103,8 +103,6 @@ class ContextEngine(Protocol):
         self, turn: TurnContext, summarize: SummaryCall, instructions: str = ""
     ) -> CompactionResult | None: ...
 
-    def after_turn(self, turn: TurnContext, prompt_tokens: int | None) -> None: ...
-
 
 def drop_orphaned_tool_messages(messages: Sequence[Message]) -> list[Message]:
     """Keep tool calls and their results together: providers reject either one alone.
@@ -150,9 +148,6 @@ class FullHistoryEngine:
     async def compact(
         self, turn: TurnContext, summarize: SummaryCall, instructions: str = ""
     ) -> CompactionResult | None:
-        return None
-
-    def after_turn(self, turn: TurnContext, prompt_tokens: int | None) -> None:
         return None
 
 
@@ -568,6 +563,3 @@ class DefaultContextEngine:
             result, tokens_before=tokens_before, tokens_after=tokens_after, quality=quality,
             prompt=tuple(plan.messages), notes=tuple(notes),
         )
-
-    def after_turn(self, turn: TurnContext, prompt_tokens: int | None) -> None:
-        return None

@@ -18,7 +18,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from context.identifiers import Identifier, find_secrets, inline_code, redact_secrets
+from context.identifiers import Identifier, inline_code
+from context.secrets import find_secrets, redact_secrets
 
 __all__ = [
     "IDEAL_COMPRESSION",

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from rich.console import Console
 from rich.logging import RichHandler
 
-from context.identifiers import redact_secrets
+from context.secrets import redact_secrets
 from gateway.config import Config, secret_values
 
 NOISY = ("httpx", "httpx2", "openai", "aiosqlite", "sqlalchemy.engine")

@@ -29,8 +29,9 @@ from context.compaction import (
 )
 from context.engine import ContextEngine, ContextPlan, ContextSettings, TurnContext
 from context.failures import tool_failure
-from context.identifiers import extract_identifiers, redact_secrets
+from context.identifiers import extract_identifiers
 from context.pruning import cap_tool_output, tool_result_cap_chars
+from context.secrets import redact_secrets
 from context.types import Message
 from context.window import WindowTooSmallError
 from gateway.config import Config
