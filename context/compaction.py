@@ -38,7 +38,7 @@ from typing import Literal
 
 from context.failures import READ_TOOLS, tool_failure
 from context.history import split_turns
-from context.identifiers import Identifier, inline_code
+from context.identifiers import inline_code
 from context.quality import (
     REQUIRED_SECTIONS,
     QualityReport,
@@ -50,7 +50,7 @@ from context.quality import (
 from context.salience import RankedIdentifier, rank_identifiers
 from context.secrets import redact_secrets
 from context.tokens import TokenCounter
-from context.types import Message
+from context.types import Identifier, Message
 
 SummaryCall = Callable[[list[Message]], Awaitable[str]]
 """Sends a prompt (system + user messages) to the summarizer model; returns its text."""

@@ -51,10 +51,10 @@ from context.secrets import (
     _has_digit,
     find_secrets,
 )
+from context.types import Identifier
 
 __all__ = [
     "IDENTIFIER_KINDS",
-    "Identifier",
     "IdentifierPolicy",
     "extract_identifiers",
     "inline_code",
@@ -82,15 +82,6 @@ IDENTIFIER_KINDS = (
     "custom",
     "secret",
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Identifier:
-    """One identifier to keep verbatim. For a secret, `value` is its redaction marker."""
-
-    value: str
-    kind: str
-    secret: bool = False
 
 
 # -- character classes ----------------------------------------------------------------------

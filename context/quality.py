@@ -18,8 +18,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from context.identifiers import Identifier, inline_code
+from context.identifiers import inline_code
 from context.secrets import find_secrets, redact_secrets
+from context.types import Identifier
 
 __all__ = [
     "IDEAL_COMPRESSION",

@@ -39,8 +39,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from context.identifiers import Identifier, IdentifierPolicy, extract_identifiers
-from context.types import Message
+from context.identifiers import IdentifierPolicy, extract_identifiers
+from context.types import Identifier, Message
 
 __all__ = ["BULK_CHARS", "RankedIdentifier", "rank_identifiers"]
 

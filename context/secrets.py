@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from context.identifiers import Identifier
+from context.types import Identifier
 
 __all__ = ["DEFAULT_MARKER_FMT", "SECRET_KINDS", "find_secrets", "redact_secrets"]
 
@@ -317,9 +315,6 @@ def redact_secrets(text: str, marker_fmt: str = DEFAULT_MARKER_FMT) -> tuple[str
     spans = find_secrets(text)
     if not spans:
         return text, []
-    # Imported here: `context.identifiers` builds on this module, not the other way round.
-    from context.identifiers import Identifier
-
     redacted, marked = _apply_markers(text, spans, marker_fmt)
     seen = {marker: Identifier(marker, "secret", True) for _s, _e, marker in marked}
     return redacted, list(seen.values())

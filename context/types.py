@@ -95,3 +95,13 @@ class Message:
             tool_call_id=raw.get("tool_call_id"),
             name=raw.get("name"),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Identifier:
+    """One identifier a summary must keep verbatim (`context.identifiers`); for a secret
+    (`context.secrets`), `value` is its redaction marker, never the secret."""
+
+    value: str
+    kind: str
+    secret: bool = False

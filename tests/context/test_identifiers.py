@@ -9,12 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from context.identifiers import (
-    Identifier,
     extract_identifiers,
     inline_code,
     missing_identifiers,
     render_identifier_section,
 )
+from context.types import Identifier
 
 
 def values(text: str, **kwargs: object) -> list[str]:

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from context.identifiers import Identifier, extract_identifiers
+from context.identifiers import extract_identifiers
 from context.quality import (
     REQUIRED_SECTIONS,
     QualityReport,
@@ -17,6 +17,7 @@ from context.quality import (
     score_for_ranking,
     semantic_retention,
 )
+from context.types import Identifier
 
 SOURCE = [
     "Please ship order ORD-1042 to the Berlin warehouse; the config is /etc/shipping/routes.conf.",

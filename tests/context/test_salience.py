@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from context.identifiers import Identifier, IdentifierPolicy, extract_identifiers
+from context.identifiers import IdentifierPolicy, extract_identifiers
 from context.salience import RankedIdentifier, rank_identifiers
-from context.types import Message, ToolCall
+from context.types import Identifier, Message, ToolCall
 
 
 def user(text: str, seq: int | None = None) -> Message:

@@ -8,8 +8,9 @@ import string
 
 import pytest
 
-from context.identifiers import Identifier, extract_identifiers
+from context.identifiers import extract_identifiers
 from context.secrets import SECRET_KINDS, find_secrets, redact_secrets
+from context.types import Identifier
 
 _R = random.Random(7)
 
