@@ -31,12 +31,9 @@ from telegram import Update, User
 from telegram.ext import MessageHandler, filters
 
 from channels.base import (
-    ChannelCapabilities,
     ChatType,
-    InboundHandler,
     InboundMessage,
     InboundResult,
-    OutboundMessage,
 )
 from channels.console import ConsoleChannel
 from channels.discord import DiscordChannel
@@ -48,6 +45,7 @@ from gateway.config import SlackSettings, TelegramSettings
 from gateway.web import build_app
 from tests.channels.test_discord import _fixture_channel
 from tests.conftest import MakeConfig
+from tests.fakes.sink import Sink
 from tests.fakes.slack_server import BOT_ID, BOT_USER_ID, event_callback, signed_headers
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -132,22 +130,6 @@ def payloads(prefix: str, key: str, text_path: tuple[str, ...]) -> st.SearchStra
 
 
 # -- the gateway side: every produced message must be taken without an exception ----------------
-
-
-@dataclass
-class Sink:
-    """A platform channel that only records replies (the normalizer is driven directly)."""
-
-    name: str
-    capabilities: ChannelCapabilities = field(default_factory=ChannelCapabilities)
-    sent: list[OutboundMessage] = field(default_factory=list)
-
-    async def start(self, on_message: InboundHandler) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    async def send(self, message: OutboundMessage) -> None:
-        self.sent.append(message)
 
 
 @dataclass

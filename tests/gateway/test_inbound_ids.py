@@ -12,33 +12,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import pytest
 
-from channels.base import ChannelCapabilities, InboundHandler, InboundMessage, OutboundMessage
+from channels.base import InboundMessage
 from channels.console import ConsoleChannel
 from gateway.app import Gateway
 from tests.conftest import MakeConfig, RunningGateway
 from tests.fakes import FakeOpenAI
+from tests.fakes.sink import Sink
 
 ZERO_WIDTH = "\u200b\u200c\u200d\u2060\ufeff"
-
-
-@dataclass
-class Sink:
-    """A platform channel that only records replies."""
-
-    name: str
-    capabilities: ChannelCapabilities = field(default_factory=ChannelCapabilities)
-    sent: list[OutboundMessage] = field(default_factory=list)
-
-    async def start(self, on_message: InboundHandler) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    async def send(self, message: OutboundMessage) -> None:
-        self.sent.append(message)
 
 
 @pytest.fixture
