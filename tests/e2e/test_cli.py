@@ -150,6 +150,8 @@ async def test_with_the_bundled_model_explain_shows_its_window_not_the_default_m
     await store.ensure_session(SessionInfo(key=key, platform="webchat", chat_id="ann"))
     await store.close()
 
+    # No bundled model installed (as after `make test` alone; `make run` installs one).
+    monkeypatch.setattr(local_model, "server_installed", lambda: False)
     code, out, err = await in_process(path, "context", "explain", key, "--json", "--offline")
     assert code == 0, err
     assert json.loads(out)["model"] == "gpt-4o-mini"  # no bundled model installed: the default
