@@ -103,16 +103,8 @@ def tool_failure(message: Message, call: ToolCall | None = None) -> ToolFailure 
 
 def exit_code_of(text: str) -> int | None:
     """The exit code `text` states (JSON field or text form at its head or tail), or None."""
-    head, tail = _edges(text)
-    whole = _whole_json(text)
-    for obj in _json_objects(whole, head, tail):
-        code = _exit_code_in(obj)
-        if code is not None:
-            return code
-    if whole is not None:
-        stderr = whole.get("stderr")
-        return _text_exit_code(*_edges(stderr)) if isinstance(stderr, str) else None
-    return _text_exit_code(head, tail)
+    verdict = _verdict(text, *_edges(text))
+    return None if verdict is None else verdict.exit_code
 
 
 # ------------------------------------------------------------------------------ internals
