@@ -178,15 +178,19 @@ def test_messages_serve_the_transcripts_corpus(index: MemoryIndex, tmp_path: Pat
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.text(max_size=60))
 def test_any_query_is_safe(index: MemoryIndex, query: str) -> None:
-    index.history_search(ALICE, query)
+    assert index.history_search(ALICE, query) == []  # nothing archived: no error, no hit
 
 
 @pytest.mark.parametrize(
     "query", ['"', "ORD-88123 OR *", "NEAR(a b)", "C#", "' OR 1=1 --", "``", "body : x", "\x00"]
 )
 def test_hostile_queries(index: MemoryIndex, query: str) -> None:
+    """FTS5 syntax, SQL and NULs are text to search, never an error or another session."""
     alice_history(index)
-    index.history_search(ALICE, query)
+    index.archive_messages(BOB, [msg(9, "user", f"bob's text {query} ORD-88123 C# NEAR")])
+    hits = index.history_search(ALICE, query)
+    assert len(hits) <= 5
+    assert all(1 <= h.seq <= 6 for h in hits), "only Alice's archived messages"
 
 
 # ---- upgrading an index file from before the archive ------------------------------------
