@@ -213,6 +213,23 @@ class ReplyWaiters:
         self._waiting.clear()
 
 
+class AwaitsReplies:
+    """The part of a channel whose callers wait for their replies (console, webchat): the
+    waiters, and `stored_reply`, which the gateway sets so a repeat or a reply sent elsewhere is
+    found in the store."""
+
+    _waiters: ReplyWaiters
+
+    @property
+    def stored_reply(self) -> StoredReply | None:
+        """How to find a stored reply (set by `Gateway.add_channel`; see `ReplyWaiters`)."""
+        return self._waiters.stored
+
+    @stored_reply.setter
+    def stored_reply(self, lookup: StoredReply | None) -> None:
+        self._waiters.stored = lookup
+
+
 @runtime_checkable
 class AnswersRequests(Protocol):
     """A channel whose callers wait for the reply to what they sent (console, webchat): the

@@ -6,18 +6,18 @@ import getpass
 import uuid
 
 from channels.base import (
+    AwaitsReplies,
     ChannelCapabilities,
     InboundHandler,
     InboundMessage,
     OutboundMessage,
     ReplyWaiters,
-    StoredReply,
     id_problem,
     is_blank,
 )
 
 
-class ConsoleChannel:
+class ConsoleChannel(AwaitsReplies):
     name = "console"
     capabilities = ChannelCapabilities(max_message_chars=1_000_000)
 
@@ -28,15 +28,6 @@ class ConsoleChannel:
         self.reply_timeout = reply_timeout
         self._waiters = ReplyWaiters()
         self._handler: InboundHandler | None = None
-
-    @property
-    def stored_reply(self) -> StoredReply | None:
-        """How to find a stored reply (set by `Gateway.add_channel`; see `ReplyWaiters`)."""
-        return self._waiters.stored
-
-    @stored_reply.setter
-    def stored_reply(self, lookup: StoredReply | None) -> None:
-        self._waiters.stored = lookup
 
     def user_problem(self) -> str | None:
         """Why `user_id` cannot name a chat (None: it can), as the console tells its user."""

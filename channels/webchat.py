@@ -13,12 +13,12 @@ import uuid
 from dataclasses import dataclass
 
 from channels.base import (
+    AwaitsReplies,
     ChannelCapabilities,
     InboundHandler,
     InboundMessage,
     OutboundMessage,
     ReplyWaiters,
-    StoredReply,
 )
 
 
@@ -30,7 +30,7 @@ class WebchatReply:
     reason: str | None = None
 
 
-class WebchatChannel:
+class WebchatChannel(AwaitsReplies):
     name = "webchat"
     capabilities = ChannelCapabilities(max_message_chars=100_000)
 
@@ -38,15 +38,6 @@ class WebchatChannel:
         self.reply_timeout = reply_timeout
         self._waiters = ReplyWaiters(poll_interval=poll_interval)
         self._handler: InboundHandler | None = None
-
-    @property
-    def stored_reply(self) -> StoredReply | None:
-        """How to find a stored reply (set by `Gateway.add_channel`; see `ReplyWaiters`)."""
-        return self._waiters.stored
-
-    @stored_reply.setter
-    def stored_reply(self, lookup: StoredReply | None) -> None:
-        self._waiters.stored = lookup
 
     async def start(self, on_message: InboundHandler) -> None:
         self._handler = on_message
