@@ -518,7 +518,7 @@ class DefaultContextEngine:
         )
         if result is None:
             return None
-        system_tokens = counter.count_message(Message(role="system", content=turn.system_prompt))
+        system_tokens = self._system_message(turn.system_prompt, counter).tokens or 0
         refresh_tokens = (
             counter.count_message(Message(role="system", content=refresh)) if refresh else 0
         )
