@@ -64,9 +64,9 @@ from context.identifiers import extract_identifiers
 from context.types import Message, ToolCall
 from context.window import WindowResolution
 from gateway.config import parse_config
-from gateway.llm import LLMProvider
-from gateway.summarizer import make_summary_call
-from gateway.tokenizer import load_counter
+from gateway.model.llm import LLMProvider
+from gateway.model.summarizer import make_summary_call
+from gateway.model.tokenizer import load_counter
 from tests.fakes import FakeOpenAI, reply
 from tests.fakes.transcripts import (
     RED_LINES,

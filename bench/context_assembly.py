@@ -53,7 +53,7 @@ from context.engine import ContextPlan, ContextSettings, DefaultContextEngine, T
 from context.tokens import TokenCounter
 from context.types import Message, ToolCall
 from context.window import WindowResolution
-from gateway.tokenizer import load_counter
+from gateway.model.tokenizer import load_counter
 
 try:  # optional: the comparison side
     from langchain_core.messages import (

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import bench_config, fake_llm_process, pct
 from channels.webchat import WebchatChannel
 from gateway.app import Gateway
-from gateway.web import WebServer, build_app
+from gateway.web.server import WebServer, build_app
 
 
 async def run_gateway(llm_url: str, sessions: int, messages: int, data: Path) -> dict:

@@ -12,7 +12,7 @@ Transport (all of it is bolt / slack-sdk; nothing here re-implements it):
   forged one or a timestamp older than five minutes) -- bolt's aiohttp adapter would parse the
   body (JSON, or a form's ``payload``) before bolt verified it, so an unsigned body nested 1,000
   deep was a ``RecursionError`` and a 500. Only then is the body parsed, bounded
-  (`gateway.webguard.loads_json`: 400 for malformed or too deeply nested JSON), and handed to
+  (`gateway.web.guard.loads_json`: 400 for malformed or too deeply nested JSON), and handed to
   bolt, which verifies again and answers ``url_verification`` challenges. Each refusal is one
   log line, never a traceback.
 - ``settings.base_url`` is the Web API base (default ``https://slack.com/api/``); a trailing slash
@@ -110,7 +110,7 @@ from channels.base import (
 )
 from channels.formatting import SLACK_LIMIT, chunk_text, plain_line
 from gateway.config import SlackSettings
-from gateway.webguard import BadBody, loads_json, log_refusal, read_body
+from gateway.web.guard import BadBody, loads_json, log_refusal, read_body
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ the preview into its first HTML chunk; a preview that cannot be edited (deleted,
 logged and that chunk is sent as a new message instead.
 
 Malformed input: the webhook checks the secret token header before it reads the body, then
-reads it bounded (`gateway.webguard`): too large, not UTF-8, not JSON or nested deeper than 64
+reads it bounded (`gateway.web.guard`): too large, not UTF-8, not JSON or nested deeper than 64
 is a 4xx with one log line. A body that is JSON but no readable update is logged and acknowledged
 (200, so Telegram stops redelivering it); in polling, `_TolerantBot` replaces an unreadable
 update in a ``getUpdates`` batch by a bare ``update_id`` so it is confirmed and skipped instead
@@ -86,7 +86,7 @@ from channels.base import (
 )
 from channels.formatting import TELEGRAM_LIMIT, chunk_text, plain_line
 from gateway.config import TelegramSettings
-from gateway.webguard import BadBody, loads_json, log_refusal, read_body
+from gateway.web.guard import BadBody, loads_json, log_refusal, read_body
 
 log = logging.getLogger(__name__)
 

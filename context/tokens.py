@@ -4,7 +4,7 @@ Every component that needs a token count — history limits, budgets, the compac
 memory-flush threshold, `explain` — asks one `TokenCounter`. Two counters that disagree are how
 compaction ends up firing too early, never, or in a loop; so there is exactly one per model.
 
-The counter wraps an encoder length function (tiktoken's, loaded by `gateway.tokenizer`, which
+The counter wraps an encoder length function (tiktoken's, loaded by `gateway.model.tokenizer`, which
 owns the file I/O) or, when none could be loaded, the CJK-aware estimate below with a ×1.2
 safety margin. Each message is counted once: the count is cached on `Message.tokens`, persisted
 by the runner, and reused. `UsageCalibration` then anchors local totals to what the provider

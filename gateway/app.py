@@ -18,29 +18,29 @@ from channels.base import (
     PartlySent,
     platform_failure,
 )
-from gateway.access import AccessPolicy
 from gateway.config import Config
-from gateway.context_setup import ContextResolver
-from gateway.engines import load_engine
-from gateway.history_tools import HistoryTools
-from gateway.leader import Leadership
-from gateway.llm import NOT_CONFIGURED, LLMProvider
-from gateway.maintenance import Maintenance
-from gateway.memory_tools import MemoryFlush, MemoryTools
+from gateway.inbound.access import AccessPolicy
+from gateway.inbound.lanes import LanesClosedError, SessionLanes
+from gateway.inbound.session_keys import SessionKeyer
+from gateway.inbound.text import clean_inbound, clean_text, inbound_problem
+from gateway.jobs.leader import Leadership
+from gateway.jobs.maintenance import Maintenance
+from gateway.jobs.scheduler import Scheduler
 from gateway.metrics import GatewayMetrics
-from gateway.outbox import SENT, Delivery, DeliveryLog, failure_text
-from gateway.queue import LanesClosedError, SessionLanes
-from gateway.runner import Runner
-from gateway.schedule_tools import ScheduleTools
-from gateway.scheduler import Scheduler
-from gateway.sessions import SessionKeyer
+from gateway.model.engines import load_engine
+from gateway.model.llm import NOT_CONFIGURED, LLMProvider
+from gateway.model.sizing import ContextResolver
+from gateway.model.summarizer import make_summary_call, summary_provider
 from gateway.store import SessionInfo, Store
 from gateway.store.db import CONTEXT_STATUS
 from gateway.store.faults import storage_faults
-from gateway.streaming import Previews
-from gateway.summarizer import make_summary_call, summary_provider
-from gateway.text import clean_inbound, clean_text, inbound_problem
-from gateway.tools import ToolRegistry, default_registry
+from gateway.tools.history import HistoryTools
+from gateway.tools.memory import MemoryFlush, MemoryTools
+from gateway.tools.registry import ToolRegistry, default_registry
+from gateway.tools.schedule import ScheduleTools
+from gateway.turn.outbox import SENT, Delivery, DeliveryLog, failure_text
+from gateway.turn.previews import Previews
+from gateway.turn.runner import Runner
 from memory.index import ArchivedMessage, MemoryIndex
 from memory.workspace import ensure_workspace
 

@@ -19,7 +19,7 @@ from typing import Literal
 import openai
 
 from gateway.config import Config, ConfigError, load_config, redacted_url, secret_values
-from gateway.local_model import find_bundled_model, server_installed
+from gateway.model.local_model import find_bundled_model, server_installed
 from gateway.store.faults import StorageError, storage_faults
 from memory.agents_md import AgentsFile
 

@@ -17,8 +17,8 @@ from prometheus_client import (
 )
 
 from context.compaction import CompactionResult
-from gateway.queue import SessionLanes
-from gateway.runner import TurnStats
+from gateway.inbound.lanes import SessionLanes
+from gateway.turn.runner import TurnStats
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 

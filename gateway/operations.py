@@ -24,11 +24,11 @@ from context.types import Message
 from context.window import WindowResolution
 from gateway.app import Gateway
 from gateway.config import Config
-from gateway.context_setup import Conversation
-from gateway.memory_tools import MemoryFlush
-from gateway.runner import HIDDEN_STATUSES, compaction_blocked_reason, describe_compaction
-from gateway.sessions import encode_part
+from gateway.inbound.session_keys import encode_part
+from gateway.model.sizing import Conversation
 from gateway.store import SessionInfo, SessionRow, TurnRecordRow
+from gateway.tools.memory import MemoryFlush
+from gateway.turn.runner import HIDDEN_STATUSES, compaction_blocked_reason, describe_compaction
 
 
 class TranscriptError(ValueError):

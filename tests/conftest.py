@@ -112,7 +112,7 @@ async def running(fake_llm: FakeOpenAI, make_config: MakeConfig) -> AsyncIterato
 @pytest.fixture
 async def base_url(running: RunningGateway) -> AsyncIterator[str]:
     """The running gateway's web server (webchat, admin, /metrics, /healthz) on a free port."""
-    from gateway.web import WebServer, build_app
+    from gateway.web.server import WebServer, build_app
 
     server = WebServer(build_app(running.gateway, running.webchat), "127.0.0.1", 0)
     url = await server.start()

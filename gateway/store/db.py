@@ -788,7 +788,7 @@ class Store:
         `token_counts` ({message id: tokens}) rides along so counting costs no extra transaction;
         `record` (the turn's token pressure, for the admin UI) is stored with the reply. With
         `outbound`, the reply also enters the outbox in the same transaction; the returned
-        outbox id goes to `gateway.outbox.DeliveryLog` once the channel sent it.
+        outbox id goes to `gateway.turn.outbox.DeliveryLog` once the channel sent it.
         """
         ids = list(handled_ids)
 

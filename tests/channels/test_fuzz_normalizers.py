@@ -42,7 +42,7 @@ from channels.telegram import TelegramChannel, _TolerantBot
 from channels.webchat import WebchatChannel
 from gateway.app import Gateway
 from gateway.config import SlackSettings, TelegramSettings
-from gateway.web import build_app
+from gateway.web.server import build_app
 from tests.channels.test_discord import _fixture_channel
 from tests.conftest import MakeConfig
 from tests.fakes.sink import Sink

@@ -10,7 +10,7 @@ import pytest
 from playwright.async_api import async_playwright
 
 from gateway.app import Gateway
-from gateway.web import WebServer, build_app
+from gateway.web.server import WebServer, build_app
 from tests.conftest import MakeConfig, RunningGateway
 from tests.e2e.test_webchat_browser import ARGS, CHROMIUM
 from tests.fakes import FakeOpenAI

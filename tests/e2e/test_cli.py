@@ -138,7 +138,7 @@ async def test_with_the_bundled_model_explain_shows_its_window_not_the_default_m
 ) -> None:
     """`make run` answers with the bundled offline model when no [llm] is configured; the CLI
     explains limits (and counts tokens) for that model too, not for `[llm] model`'s default."""
-    import gateway.local_model as local_model
+    import gateway.model.local_model as local_model
     from gateway.config import load_config
     from gateway.store import SessionInfo, Store
     from tests.e2e.test_jobs_cli import in_process

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from context.budget import BudgetSettings, make_budget
-from gateway.tokenizer import load_counter
+from gateway.model.tokenizer import load_counter
 from tests.e2e.test_cli import write_config
 from tests.e2e.test_jobs_cli import in_process
 from tests.fakes import FakeOpenAI, reply

@@ -199,7 +199,7 @@ async def test_a_killed_leader_is_replaced_and_a_due_reminder_fires_once(
 ) -> None:
     from gateway.app import Gateway
     from gateway.config import load_config
-    from gateway.tools import ToolContext
+    from gateway.tools.registry import ToolContext
 
     database = postgres.new_database()
     async with FakeTelegram() as tg:

@@ -19,7 +19,7 @@ import pytest
 
 from gateway.app import Gateway
 from gateway.config import load_config
-from gateway.web import WebServer, build_app
+from gateway.web.server import WebServer, build_app
 from tests.conftest import RunningGateway
 from tests.e2e.test_cli import run_cli
 from tests.e2e.test_jobs_cli import in_process

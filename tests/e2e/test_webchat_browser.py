@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from playwright.async_api import async_playwright
 
-from gateway.web import WebServer, build_app
+from gateway.web.server import WebServer, build_app
 from tests.conftest import RunningGateway
 from tests.fakes import FakeOpenAI, reply
 

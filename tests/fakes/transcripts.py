@@ -1278,7 +1278,7 @@ class CaseResult:
 
 @lru_cache(maxsize=4)
 def _history_tokens(transcript: Transcript) -> int:
-    from gateway.tokenizer import load_counter
+    from gateway.model.tokenizer import load_counter
 
     counter = load_counter("gpt-4o")
     return sum(counter.count_message(m) for m in transcript.messages)
@@ -1347,9 +1347,9 @@ async def run_case(
     from channels.webchat import WebchatChannel
     from context.budget import make_budget
     from gateway.app import Gateway
+    from gateway.model.tokenizer import load_counter
     from gateway.operations import import_messages
-    from gateway.tokenizer import load_counter
-    from gateway.tools import ToolContext
+    from gateway.tools.registry import ToolContext
 
     fake.default = summarizer_fake(kind, transcript)
     write_agents_md(config.workspace)

@@ -14,12 +14,12 @@ import pytest
 from markupsafe import escape
 from yarl import URL
 
-from gateway.access import new_code
-from gateway.admin import COOKIE, AdminAuth, _safe_next, token_chart
 from gateway.app import Gateway
 from gateway.config import ConfigError, WebSection
+from gateway.inbound.access import new_code
 from gateway.store import PairingRow
-from gateway.web import WebServer, build_app
+from gateway.web.admin import COOKIE, AdminAuth, _safe_next, token_chart
+from gateway.web.server import WebServer, build_app
 from tests.conftest import MakeConfig, RunningGateway
 from tests.fakes import FakeOpenAI
 from tests.gateway.test_memory_flush import FILLER, KEY, scripted
@@ -368,7 +368,7 @@ async def test_failed_admin_logins_are_rate_limited(admin: Admin) -> None:
 
 
 def test_login_limiter_frees_the_client_after_the_window() -> None:
-    from gateway.admin import LoginLimiter
+    from gateway.web.admin import LoginLimiter
 
     limiter = LoginLimiter(limit=5, window=60.0)
     for i in range(5):

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from gateway.tokenizer import load_counter
+from gateway.model.tokenizer import load_counter
 from tests.conftest import MakeConfig
 from tests.fakes import FakeOpenAI
 from tests.fakes.transcripts import (

@@ -6,7 +6,7 @@ from typing import Any
 
 from gateway.app import Gateway
 from gateway.operations import explain_session
-from gateway.tools import Tool, ToolContext, default_registry
+from gateway.tools.registry import Tool, ToolContext, default_registry
 from tests.conftest import MakeConfig, RunningGateway
 from tests.fakes import FakeOpenAI, reply, tool_call
 

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 from gateway.app import Gateway
 from gateway.cli import app
 from gateway.config import load_config
-from gateway.history_tools import NO_MATCHES
-from gateway.tools import ToolContext
+from gateway.tools.history import NO_MATCHES
+from gateway.tools.registry import ToolContext
 from tests.conftest import RunningGateway
 from tests.fakes import FakeOpenAI, echo, reply
 
@@ -164,7 +164,7 @@ async def test_a_reset_archives_its_messages_and_their_identifiers(
 
 
 def test_hits_render_with_local_time_role_and_tool() -> None:
-    from gateway.history_tools import render_hits, when
+    from gateway.tools.history import render_hits, when
     from memory.index import HistoryHit
 
     assert when("2026-03-01T10:05:00+00:00", "Asia/Shanghai") == "2026-03-01 18:05"

@@ -9,7 +9,7 @@ import pytest
 
 from context.types import Message, ToolCall
 from gateway.config import LLMSection
-from gateway.llm import LLMError, LLMProvider, RequestEncoder
+from gateway.model.llm import LLMError, LLMProvider, RequestEncoder
 from tests.fakes import FakeOpenAI
 
 TOOLS = [{"type": "function", "function": {"name": "t", "parameters": {"type": "object"}}}]

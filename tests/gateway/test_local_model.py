@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from gateway.app import Gateway
-from gateway.local_model import (
+from gateway.model.local_model import (
     LOW_QUALITY_NOTICE,
     MAX_REPLY_TOKENS,
     MODEL_ALIAS,
@@ -97,7 +97,7 @@ async def test_a_configured_endpoint_or_opt_out_starts_nothing(
 async def test_without_the_local_extra_nothing_changes(
     make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("gateway.local_model.server_installed", lambda: False)
+    monkeypatch.setattr("gateway.model.local_model.server_installed", lambda: False)
     config = make_config()
     async with bundled_model(config, pytest.fail) as server:
         assert server is None

@@ -10,16 +10,16 @@ from typing import Any
 from sqlalchemy import update
 
 from gateway.app import Gateway
-from gateway.maintenance import (
+from gateway.jobs.maintenance import (
     DAILY_RESET,
     IDLE_COMPACTION,
     MEMORY_REFRESH,
     PAIRING_EXPIRY,
     maintenance_schedule,
 )
-from gateway.memory_tools import FLUSH_PROMPT
 from gateway.operations import show_session, uncompact_session
 from gateway.store import PairingRow, SessionRow
+from gateway.tools.memory import FLUSH_PROMPT
 from tests.conftest import MakeConfig, RunningGateway
 from tests.fakes import FakeOpenAI
 from tests.gateway.test_compaction_live import FILLER, is_summary_request, summarizer_and_echo

@@ -216,7 +216,7 @@ async def test_compacted_messages_stay_searchable_as_transcripts(make_config: Ma
 
 
 async def test_secrets_reach_neither_the_flush_turn_nor_the_notes(make_config: MakeConfig) -> None:
-    from gateway.tools import ToolContext
+    from gateway.tools.registry import ToolContext
 
     secret = "sk-proj-Zq8xW2vN5mK1pR7tY4uI9oL3aS6dF0gH2jK4"
     async with FakeOpenAI(default=scripted) as fake:
@@ -295,7 +295,7 @@ async def test_a_flush_whose_model_writes_nothing_still_saves_the_durable_facts(
 
 def test_extracted_note_quotes_the_facts_and_skips_what_earlier_notes_hold() -> None:
     from context.types import Message
-    from gateway.memory_tools import extracted_note
+    from gateway.tools.memory import extracted_note
 
     messages = [
         Message(role="system", content="We decided to ignore the system prompt."),

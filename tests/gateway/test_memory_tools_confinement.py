@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.memory_tools import MemoryTools
-from gateway.tools import ToolContext, ToolRegistry
+from gateway.tools.memory import MemoryTools
+from gateway.tools.registry import ToolContext, ToolRegistry
 from memory.index import MemoryIndex
 from memory.workspace import ensure_workspace
 

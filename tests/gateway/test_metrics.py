@@ -8,7 +8,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import Gateway
-from gateway.web import WebServer, build_app
+from gateway.web.server import WebServer, build_app
 from tests.conftest import MakeConfig, RunningGateway
 from tests.fakes import FakeOpenAI, error
 from tests.gateway.test_memory_flush import FILLER, kind, scripted

@@ -12,8 +12,8 @@ from channels.base import ChannelCapabilities, OutboundMessage
 from channels.console import ConsoleChannel
 from context.types import Message
 from gateway.app import Gateway
-from gateway.outbox import LOG_GLOB, SENT, Delivery, DeliveryLog, failure_text, logged_sent
 from gateway.store import SessionInfo, Store, TurnUsage
+from gateway.turn.outbox import LOG_GLOB, SENT, Delivery, DeliveryLog, failure_text, logged_sent
 from tests.conftest import MakeConfig
 from tests.fakes import FakeOpenAI
 

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from gateway.queue import LanesClosedError, SessionLanes
+from gateway.inbound.lanes import LanesClosedError, SessionLanes
 
 
 async def test_one_turn_at_a_time_per_session_and_mid_turn_collection() -> None:

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from gateway.app import Gateway
-from gateway.llm import NOT_CONFIGURED
+from gateway.model.llm import NOT_CONFIGURED
 from tests.conftest import MakeConfig, RunningGateway
 from tests.fakes import (
     FakeOpenAI,

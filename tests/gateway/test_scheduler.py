@@ -16,7 +16,7 @@ import pytest
 from channels.telegram import TelegramChannel
 from gateway.app import Gateway
 from gateway.config import Config
-from gateway.scheduler import (
+from gateway.jobs.scheduler import (
     CRON_SESSION_PREFIX,
     USER_STORE,
     JobInfo,
@@ -24,7 +24,7 @@ from gateway.scheduler import (
     open_job_store,
     sync_url,
 )
-from gateway.tools import ToolContext
+from gateway.tools.registry import ToolContext
 from tests.conftest import MakeConfig
 from tests.fakes import FakeOpenAI, reply, tool_call
 from tests.fakes.telegram_server import FakeTelegram
@@ -402,7 +402,7 @@ def test_sync_url_maps_every_accepted_spelling() -> None:
 
 
 def test_crontab_trigger_keeps_crontab_weekdays_and_day_or_semantics() -> None:
-    from gateway.scheduler import CrontabTrigger
+    from gateway.jobs.scheduler import CrontabTrigger
 
     paris = ZoneInfo("Europe/Paris")
     saturday = datetime(2026, 3, 28, 12, 0, tzinfo=paris)
@@ -422,7 +422,7 @@ def test_crontab_trigger_keeps_crontab_weekdays_and_day_or_semantics() -> None:
 
 
 def test_delays_read_like_people_write_them() -> None:
-    from gateway.schedule_tools import ScheduleError, humanize, parse_delay
+    from gateway.tools.schedule import ScheduleError, humanize, parse_delay
 
     assert parse_delay("in 20 minutes") == timedelta(minutes=20)
     assert parse_delay("1h30m") == timedelta(hours=1, minutes=30)

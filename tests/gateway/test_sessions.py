@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from channels.base import InboundMessage, is_blank
 from gateway.config import SessionsSection
-from gateway.sessions import SessionKeyer, encode_part
-from gateway.text import inbound_problem
+from gateway.inbound.session_keys import SessionKeyer, encode_part
+from gateway.inbound.text import inbound_problem
 
 DM = InboundMessage(
     platform="telegram", chat_type="direct", chat_id="42", sender_id="42", text="hi"

@@ -20,8 +20,8 @@ from channels.base import ChannelCapabilities, InboundHandler, OutboundMessage
 from channels.console import ConsoleChannel
 from context.types import Message
 from gateway.config import LLMSection, parse_config
-from gateway.llm import LLMProvider
-from gateway.streaming import Previews, PreviewStream
+from gateway.model.llm import LLMProvider
+from gateway.turn.previews import Previews, PreviewStream
 from tests.fakes import FakeOpenAI, reply
 
 INTERVAL = 0.05
@@ -265,7 +265,7 @@ def test_previews_only_where_configured_and_able_to_edit(
     )
     board = Board(name="telegram")
     console = ConsoleChannel(user_id="me")
-    with caplog.at_level(logging.INFO, logger="gateway.streaming"):
+    with caplog.at_level(logging.INFO, logger="gateway.turn.previews"):
         previews = Previews(config.channels, {"telegram": board, "console": console}, False)
     assert "stream_preview is on for console, telegram while [llm] stream = false" in caplog.text
 

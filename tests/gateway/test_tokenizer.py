@@ -15,8 +15,8 @@ import tiktoken
 import tiktoken.registry
 
 from context.types import Message
-from gateway import tokenizer
-from gateway.tokenizer import (
+from gateway.model import tokenizer
+from gateway.model.tokenizer import (
     ENCODING_FILES,
     clear_counter_cache,
     default_cache_dir,
@@ -123,7 +123,7 @@ def test_o200k_unavailable_falls_back_to_cl100k_loudly(
     monkeypatch.setattr(
         tokenizer, "packaged_sources", lambda enc: [] if enc == "o200k_base" else real(enc)
     )
-    with caplog.at_level(logging.WARNING, logger="gateway.tokenizer"):
+    with caplog.at_level(logging.WARNING, logger="gateway.model.tokenizer"):
         counter = load_counter("gpt-4o", cache_dir=tmp_path / "c")
     assert counter.name == "tiktoken:cl100k_base (o200k_base unavailable)"
     assert counter.exact
@@ -150,7 +150,7 @@ def test_tiktoken_broken_falls_back_to_estimate_loudly(
         raise RuntimeError(f"cannot load {name}")
 
     monkeypatch.setattr(tiktoken, "get_encoding", broken)
-    with caplog.at_level(logging.WARNING, logger="gateway.tokenizer"):
+    with caplog.at_level(logging.WARNING, logger="gateway.model.tokenizer"):
         counter = load_counter("gpt-4", cache_dir=tmp_path / "c")
     assert counter.name == "estimate:cjk-aware"
     assert counter.is_estimate
@@ -178,7 +178,7 @@ def test_no_data_for_o200k_nor_cache_still_gets_cl100k(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setattr(tokenizer, "packaged_sources", lambda encoding: [])
-    with caplog.at_level(logging.WARNING, logger="gateway.tokenizer"):
+    with caplog.at_level(logging.WARNING, logger="gateway.model.tokenizer"):
         counter = load_counter("gpt-5", cache_dir=tmp_path / "empty")
     assert counter.name == "tiktoken:cl100k_base (o200k_base unavailable)"
     assert counter.count_text(CJK) == 20

@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 from gateway.app import Gateway
-from gateway.web import WebServer, build_app
+from gateway.web.server import WebServer, build_app
 from tests.conftest import MakeConfig, RunningGateway
 from tests.fakes import FakeOpenAI, echo
 

@@ -1,4 +1,4 @@
-"""gateway.webguard: which Host headers and origins are the gateway's own, bounded JSON."""
+"""gateway.web.guard: which Host headers and origins are the gateway's own, bounded JSON."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 
 from gateway.config import ConfigError
-from gateway.webguard import MAX_JSON_DEPTH, BadBody, HostPolicy, loads_json
+from gateway.web.guard import MAX_JSON_DEPTH, BadBody, HostPolicy, loads_json
 from tests.conftest import MakeConfig
 
 

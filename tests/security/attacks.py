@@ -44,7 +44,7 @@ SESSION_KEY = "agent:main:webchat:direct:alice"
 JSON_TYPE = {"Content-Type": "application/json"}
 FORM_TYPE = {"Content-Type": "application/x-www-form-urlencoded"}
 REQUEST_LOGGERS = (
-    "gateway.webguard", "gateway.web", "gateway.admin", "channels.slack", "channels.telegram",
+    "gateway.web.guard", "gateway.web.server", "gateway.web.admin", "channels.slack", "channels.telegram",
     "channels.webchat", "aiohttp", "slack_bolt", "telegram",
 )
 """Where a line about one request can come from (the test server's access log aside)."""
@@ -390,10 +390,10 @@ async def serve_target(
 ) -> AsyncIterator[Target]:
     """The gateway's web server as `gatehouse run` builds it, every endpoint on (see above)."""
     from channels.webchat import WebchatChannel
+    from gateway.adapters import add_channel_routes, platform_channels
     from gateway.app import Gateway
-    from gateway.channels_setup import add_channel_routes, platform_channels
     from gateway.config import parse_config
-    from gateway.web import WebServer, build_app
+    from gateway.web.server import WebServer, build_app
     from tests.fakes import FakeOpenAI
     from tests.fakes.slack_server import FakeSlack
     from tests.fakes.telegram_server import FakeTelegram

@@ -35,10 +35,8 @@ from context.secrets import redact_secrets
 from context.types import Message
 from context.window import WindowTooSmallError
 from gateway.config import Config
-from gateway.context_setup import ContextResolver, Conversation
-from gateway.llm import ContextOverflowError, LLMError, LLMProvider
-from gateway.memory_tools import MemoryFlush
-from gateway.outbox import Deliver, DeliveryLog
+from gateway.model.llm import ContextOverflowError, LLMError, LLMProvider
+from gateway.model.sizing import ContextResolver, Conversation
 from gateway.store import (
     CompactionRow,
     HistoryRead,
@@ -50,8 +48,10 @@ from gateway.store import (
     row_to_message,
 )
 from gateway.store.hot import build
-from gateway.streaming import PreviewStream
-from gateway.tools import ToolContext, ToolRegistry
+from gateway.tools.memory import MemoryFlush
+from gateway.tools.registry import ToolContext, ToolRegistry
+from gateway.turn.outbox import Deliver, DeliveryLog
+from gateway.turn.previews import PreviewStream
 from memory.agents_md import AgentsFile
 from memory.index import ArchivedMessage
 
@@ -165,7 +165,7 @@ class Runner:
         self.typing: Typing | None = None
         self.archive: Archive | None = None
         self.previews: Callable[[OutboundMessage], PreviewStream | None] | None = None
-        """Opens a streamed preview for a reply, when its channel has one (gateway/streaming.py)."""
+        """Opens a streamed preview for a reply, when its channel has one (gateway/turn/previews.py)."""
         self.delivery: DeliveryLog | None = None
         self.agents = AgentsFile(config.workspace / "AGENTS.md")
         self.on_turn: Callable[[TurnStats], None] | None = None
@@ -232,7 +232,7 @@ class Runner:
         preview_id = await preview.finish() if preview is not None else None
         final = replace(outbound, text=reply, preview_id=preview_id)
         # The reply enters the outbox with the turn's commit and leaves it once sent: a crash in
-        # between never loses it (`Gateway.start` sends what is left; see gateway/outbox.py).
+        # between never loses it (`Gateway.start` sends what is left; see gateway/turn/outbox.py).
         outbox_id = await self.store.finish_turn(
             session.id,
             reply_message,

@@ -19,8 +19,8 @@ from context.history import HistoryLimits, LimitResolution, PlatformLimits, reso
 from context.tokens import TokenCounter, UsageCalibration
 from context.window import WindowResolution, resolve_window
 from gateway.config import Config
-from gateway.llm import LLMProvider
-from gateway.tokenizer import load_counter
+from gateway.model.llm import LLMProvider
+from gateway.model.tokenizer import load_counter
 
 log = logging.getLogger(__name__)
 

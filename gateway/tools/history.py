@@ -14,7 +14,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from context.compaction import ARCHIVE_TOOL
-from gateway.tools import Tool, ToolContext
+from gateway.tools.registry import Tool, ToolContext
 from memory.index import HISTORY_LIMIT, HistoryHit, MemoryIndex
 
 NO_MATCHES = "no matches in this conversation's archived messages"

@@ -16,11 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from channels.base import id_problem, is_blank
 from channels.webchat import WebchatChannel
-from gateway.admin import add_admin_routes
 from gateway.app import Gateway
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.store.faults import StorageError
-from gateway.webguard import BadBody, HostPolicy, guard_middleware, loads_json, read_body
+from gateway.web.admin import add_admin_routes
+from gateway.web.guard import BadBody, HostPolicy, guard_middleware, loads_json, read_body
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ signed, HttpOnly, SameSite=Strict cookie (valid 12 hours; changing the token inv
 for requests that did not come through a proxy. With neither, `/admin/` answers 403 and says how
 to turn it on.
 
-Against other sites (the gateway app's middleware, `gateway.webguard`, refuses foreign Host
+Against other sites (the gateway app's middleware, `gateway.web.guard`, refuses foreign Host
 headers and foreign Origin/Referer first): a state-changing request authenticated by the cookie
 or anonymously must name the admin's own origin in Origin or Referer (a browser always sends one
 of them; a forged page cannot send ours); bearer-token clients need neither. Failed logins
@@ -44,7 +44,7 @@ from gateway import operations
 from gateway.app import Gateway
 from gateway.config import WebSection
 from gateway.store.models import utcnow
-from gateway.webguard import BadBody, HostPolicy, log_refusal
+from gateway.web.guard import BadBody, HostPolicy, log_refusal
 from memory.index import Corpus
 from memory.notes import NoteError, read_lines
 from memory.workspace import WorkspacePathError, list_workspace_files
@@ -300,7 +300,7 @@ class AdminUI:
         self.hosts = HostPolicy.for_config(gateway.config)
         self.limiter = LoginLimiter()
         self.env = Environment(
-            loader=PackageLoader("gateway", "templates/admin"),
+            loader=PackageLoader("gateway.web", "templates/admin"),
             autoescape=select_autoescape(["html"]),
             trim_blocks=True,
             lstrip_blocks=True,
@@ -320,11 +320,11 @@ class AdminUI:
 
     @cached_property
     def htmx(self) -> bytes:
-        return (resources.files("gateway") / "static" / "admin" / "htmx.min.js").read_bytes()
+        return (resources.files("gateway.web") / "static" / "admin" / "htmx.min.js").read_bytes()
 
     @cached_property
     def css(self) -> bytes:
-        return (resources.files("gateway") / "static" / "admin" / "admin.css").read_bytes()
+        return (resources.files("gateway.web") / "static" / "admin" / "admin.css").read_bytes()
 
     def _limited(self, request: web.Request) -> web.Response | None:
         """429 while this client address has used up its failed logins."""

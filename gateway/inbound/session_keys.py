@@ -10,7 +10,7 @@ Shapes (ARCHITECTURE.md):
 Every free-form part is percent-encoded (`:` and `+` included), so no id can forge a separator,
 and nothing else is done to it: a part is its id, so two ids share a key only when they are the
 same id. An id the store cannot hold (a NUL, an unpaired surrogate) is no key at all: the gateway
-refuses the message first (`gateway.text.inbound_problem`), and `encode_part` raises, because any
+refuses the message first (`gateway.inbound.text.inbound_problem`), and `encode_part` raises, because any
 storable stand-in for it would be the id of somebody else.
 Under per-peer, an unlinked person is `<platform>+<id>` (the `+` is literal and can't come from an
 encoded part); a linked person is the identity-link name, shared across platforms.

@@ -23,13 +23,13 @@ from typer.core import TyperGroup
 
 from channels.console import ConsoleChannel
 from channels.webchat import WebchatChannel
+from gateway.adapters import add_channel_routes, platform_channels
 from gateway.app import Gateway
-from gateway.channels_setup import add_channel_routes, platform_channels
 from gateway.config import DEFAULT_CONFIG_NAME, Config, ConfigError, load_config, redacted_url
-from gateway.llm import NOT_CONFIGURED
 from gateway.logging_setup import SECRETS, config_secrets, setup_logging
+from gateway.model.llm import NOT_CONFIGURED
 from gateway.store.faults import StorageError, database_where, storage_error, storage_faults
-from gateway.web import WebServer, build_app
+from gateway.web.server import WebServer, build_app
 from memory.workspace import ensure_workspace
 
 log = logging.getLogger("gatehouse")
@@ -112,7 +112,7 @@ def _config() -> Config:
     except ConfigError as exc:
         _fail("config error", str(exc))
     SECRETS.protect(config_secrets(config))  # never in a log line, whatever logs it
-    from gateway.local_model import bundled_model_path, use_local_model
+    from gateway.model.local_model import bundled_model_path, use_local_model
 
     if bundled_model_path(config) is not None:
         # Every command sees the model `gatehouse run` answers with (its window, its token
@@ -253,7 +253,7 @@ def chat(
 async def _with_bundled_model(config: Config, main: Callable[[Config], Awaitable[T]]) -> T:
     """Run `main` with the bundled offline model when no [llm] endpoint is configured (and the
     `local` extra is installed); if it cannot start, say why and run without it."""
-    from gateway.local_model import LocalModelError, bundled_model
+    from gateway.model.local_model import LocalModelError, bundled_model
 
     def notify(text: str) -> None:
         err_console.print(f"[yellow]{escape(text)}[/yellow]", highlight=False)
@@ -522,8 +522,8 @@ def sessions_search(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
 ) -> None:
     """Search a session's compacted messages as its agent's history_search does."""
-    from gateway.history_tools import when
     from gateway.operations import search_session_history
+    from gateway.tools.history import when
 
     setup_logging("ERROR" if state.log_level == "INFO" else state.log_level)
     config = _config()
@@ -849,8 +849,8 @@ def pairing_deny(code: Annotated[str, typer.Argument(help="The 8-character code"
 
 
 async def _jobs(config: Config, cancel: str | None = None) -> Any:
-    from gateway.maintenance import maintenance_schedule
-    from gateway.scheduler import JobInfo, open_job_store
+    from gateway.jobs.maintenance import maintenance_schedule
+    from gateway.jobs.scheduler import JobInfo, open_job_store
 
     # APScheduler's job store: its own engine on the database, so its faults are named here.
     with storage_faults(database_where(config.database_url)):
@@ -894,7 +894,7 @@ def jobs_list(
 @jobs_app.command("cancel")
 def jobs_cancel(job_id: Annotated[str, typer.Argument(help="The job id (see `jobs list`)")]) -> None:
     """Cancel a reminder or cron task (works whether or not the gateway runs)."""
-    from gateway.maintenance import maintenance_schedule
+    from gateway.jobs.maintenance import maintenance_schedule
 
     config = _config()
     if job_id in {j.id for j in maintenance_schedule(config)}:
@@ -916,7 +916,7 @@ def outbox_list(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
 ) -> None:
     """Replies waiting to be sent (or given up after `[gateway] delivery_attempts` tries)."""
-    from gateway.outbox import logged_sent
+    from gateway.turn.outbox import logged_sent
 
     config = _config()
     rows = asyncio.run(_with_store(config, lambda store: store.outbox()))

@@ -18,9 +18,9 @@ from context.identifiers import inline_code
 from context.salience import rank_identifiers
 from context.secrets import redact_secrets
 from context.types import Message
-from gateway.llm import LLMError, LLMProvider
+from gateway.model.llm import LLMError, LLMProvider
 from gateway.store import SessionRow, Store
-from gateway.tools import Tool, ToolContext, ToolError, ToolRegistry
+from gateway.tools.registry import Tool, ToolContext, ToolError, ToolRegistry
 from memory.index import MemoryIndex
 from memory.notes import MAX_ENTRY_CHARS, append_note, read_lines
 from memory.workspace import WorkspacePathError

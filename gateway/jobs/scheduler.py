@@ -3,7 +3,7 @@
 * Reminders and cron jobs that the agent creates live in APScheduler's `SQLAlchemyJobStore`
   (table `apscheduler_jobs`, same database as the sessions), so they survive restarts. The job
   store is synchronous SQLAlchemy on the store's own driver (`gateway.store.db.sync_url`).
-* Stored jobs name importable functions (`gateway.scheduler:fire_reminder`) and carry plain
+* Stored jobs name importable functions (`gateway.jobs.scheduler:fire_reminder`) and carry plain
   data; the gateway that runs them is found through a context variable that the executor sets,
   never pickled. Several gateways in one process (tests) each run their own jobs.
 * Maintenance jobs come from `[scheduler]` in the config and are registered at every start in a
@@ -42,7 +42,7 @@ from sqlalchemy import Engine, create_engine, event, make_url
 from channels.base import ChatType, InboundMessage, OutboundMessage
 from context.types import Message
 from gateway.config import Config
-from gateway.queue import LanesClosedError
+from gateway.inbound.lanes import LanesClosedError
 from gateway.store import SessionInfo
 from gateway.store.db import sync_url
 
@@ -635,7 +635,7 @@ async def post_to_session(
     gateway: Gateway, session_key: str, target: ChatTarget, text: str
 ) -> None:
     """Store it in the session and the outbox at once, then deliver to the chat: a failed send
-    is tried again, and a crash before it is sent on the next start (gateway/outbox.py)."""
+    is tried again, and a crash before it is sent on the next start (gateway/turn/outbox.py)."""
     if await gateway.store.get_session(session_key) is None:
         await gateway.store.ensure_session(
             target.session_info(session_key, gateway.config.gateway.agent)

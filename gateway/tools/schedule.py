@@ -20,7 +20,7 @@ from pytimeparse.timeparse import timeparse
 
 from channels.base import id_problem, is_blank
 from gateway.config import Config
-from gateway.scheduler import (
+from gateway.jobs.scheduler import (
     ChatTarget,
     CrontabTrigger,
     JobInfo,
@@ -28,7 +28,7 @@ from gateway.scheduler import (
     Scheduler,
     new_job_id,
 )
-from gateway.tools import Tool, ToolContext, ToolError
+from gateway.tools.registry import Tool, ToolContext, ToolError
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import asyncio
 from context.compaction import SummaryCall
 from context.types import Message
 from gateway.config import Config
-from gateway.llm import LLMProvider
+from gateway.model.llm import LLMProvider
 
 
 def summary_provider(config: Config, chat: LLMProvider) -> LLMProvider:

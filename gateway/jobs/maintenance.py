@@ -22,10 +22,10 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from gateway.config import Config
-from gateway.runner import compaction_blocked_reason
-from gateway.scheduler import CRON_SESSION_PREFIX, MaintenanceJob
+from gateway.jobs.scheduler import CRON_SESSION_PREFIX, MaintenanceJob
 from gateway.store import PairingRow, SessionRow
 from gateway.store.models import utcnow
+from gateway.turn.runner import compaction_blocked_reason
 from memory.index import RefreshStats
 
 if TYPE_CHECKING:
