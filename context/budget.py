@@ -16,7 +16,7 @@ class BudgetSettings:
     """Knobs from `[context]` (and `[memory] flush_soft_tokens`)."""
 
     reserve_tokens: int = 20_000
-    """Floor of the reserve kept free for the reply and the next messages (OpenClaw: 20k)."""
+    """Floor of the reserve kept free for the reply and the next messages (20k by default)."""
     max_output_tokens: int = 4_096
     flush_soft_tokens: int = 4_000
     # The design seed's shares of the usable budget.

@@ -156,7 +156,7 @@ def split_recent(messages: Sequence[Message], recent_turns: int) -> _Span:
 
 
 def chunk_ratio(messages: Sequence[Message], window: int) -> float:
-    """OpenClaw's adaptive chunk ratio: smaller chunks when messages are large for the window."""
+    """Adaptive chunk ratio: smaller chunks when messages are large for the window."""
     if not messages or window <= 0:
         return 0.4
     avg = sum(m.tokens or 0 for m in messages) / len(messages) * 1.2 / window

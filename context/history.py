@@ -1,7 +1,7 @@
 """History limits and turn importance (pure).
 
 A *turn* is one user message and everything until the next one: the assistant's replies, its
-tool calls and their results. Limits count user turns (OpenClaw's `historyLimit`), and whole
+tool calls and their results. Limits count user turns, and whole
 turns are the unit the overflow tier drops, so a tool call is never cut from its result.
 
 Limits resolve per conversation with the source that decided them, so `explain` can say *why*

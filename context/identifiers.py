@@ -2,7 +2,7 @@
 
 A summary that turns `ORD-1042` into "the order" or `/etc/nginx/nginx.conf` into "the nginx
 config" has lost information the agent cannot get back, so compaction extracts every identifier
-from the *whole* compacted span (OpenClaw looks at the last 10 messages only) and checks, then
+from the *whole* compacted span (not only its last messages) and checks, then
 guarantees, that each one survives.
 
 Secrets are the opposite: they must never enter a summary (`context.secrets`). Extraction
@@ -16,7 +16,7 @@ over its domain, a path over the file name at its end. Heuristics, documented wh
 * hex hashes need 7+ hex digits (git's short SHA) with at least one digit and one letter a-f,
   in one case; all-letter runs count only from 12 chars, so words such as "deadbeef", "facade"
   or "acceded" are not hashes; all-digit runs are numbers.
-* beyond the kinds OpenClaw keeps, `host` (bare domains: `api.stripe.com`), `ticket` (`ORD-1042`,
+* beyond URLs, paths, hashes and numbers, `host` (bare domains: `api.stripe.com`), `ticket` (`ORD-1042`,
   `INC0012345`, `CVE-2024-12345`, `#5429`; not `UTF-8`, `SHA-256`, `GPT-4`) and `id` (10+ chars
   of letters, digits, `_`, `-` with 2+ of each: `claude-3-5-sonnet-20241022`, `cus_N1x2Y3z4`).
 * file names need a known extension (`main.py`, `report_v2.pdf`), which keeps out versions

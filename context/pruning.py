@@ -1,6 +1,6 @@
 """Tool-result caps (pure): one huge output must not poison a session.
 
-Three tiers, as in OpenClaw:
+Three tiers:
 
 * `cap_tool_output` — the live cap, applied before a result enters the prompt or the store. It
   keeps a head and an error-aware tail: a failure is usually at the end, and it is what the agent
@@ -56,7 +56,7 @@ _MAX_BLOCK_LINES = 40
 
 
 #: Every `ERROR_RE` alternative contains one of these (case-insensitively). A plain substring
-#: search is ~100x faster than the regex, so texts without any of them skip it.
+#: search is far cheaper than the regex, so texts without any of them skip it.
 _ERROR_HINTS = (
     "traceback", "error", "exception", "err!", "fail", "fatal", "panic", "exit",
     "segmentation", "core dumped", "not found", "no such file", "permission denied", "stderr",

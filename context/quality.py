@@ -1,9 +1,8 @@
 """The quality guard for compaction summaries (pure): audit, feedback for a retry, ranking.
 
-A summary replaces history, so a bad one is silent amnesia. The audit checks what OpenClaw's
-guard checks — the five sections, every identifier verbatim, the latest user ask reflected — but
-against identifiers from the whole span, and adds two measured numbers the guard does not use to
-pass or fail: a lexical proxy for semantic retention, and the compression ratio. Failures come
+A summary replaces history, so a bad one is silent amnesia. The audit checks the five
+sections, every identifier of the whole span verbatim and the latest user ask reflected, and
+adds two measured numbers it does not use to pass or fail: a lexical proxy for semantic retention, and the compression ratio. Failures come
 back as plain sentences (`problems`) that the caller feeds to the model for a retry;
 `score_for_ranking` lets it keep the best attempt when every retry fails.
 """
@@ -174,7 +173,7 @@ def keywords(text: str) -> set[str]:
 
 
 def _ask_reflected(ask: str | None, summary_terms: set[str]) -> bool:
-    """≥ 2 shared keywords (OpenClaw's rule); 1 suffices for an ask with fewer than 2."""
+    """≥ 2 shared keywords ; 1 suffices for an ask with fewer than 2."""
     if not ask:
         return True
     ask_terms = keywords(ask)

@@ -43,7 +43,7 @@ MESSAGE_OVERHEAD_TOKENS = 4
 NAME_OVERHEAD_TOKENS = 1
 #: Framing for each tool call beyond the JSON of its name and arguments.
 TOOL_CALL_OVERHEAD_TOKENS = 3
-#: An image part (high/auto detail); OpenClaw's figure. Low detail costs a flat 85.
+#: An image part (high/auto detail). Low detail costs a flat 85.
 IMAGE_TOKENS = 1_200
 IMAGE_TOKENS_LOW_DETAIL = 85
 #: Content parts that are neither text nor image (audio, files): counted flat, never by their
@@ -72,14 +72,14 @@ _PIECE_RE = re.compile(
 def estimate_tokens(text: str) -> int:
     """Estimate the token count of `text` without a tokenizer (no safety margin applied).
 
-    CJK characters (Han, Hiragana, Katakana, Hangul and CJK punctuation) count one token each —
-    OpenClaw's "CJK chars ×4 in a chars/4 scheme". Everything else is counted the way a BPE
+    CJK characters (Han, Hiragana, Katakana, Hangul and CJK punctuation) count one token each
+    (a chars/4 scheme would count four of them as one). Everything else is counted the way a BPE
     pre-tokenizer splits it, which lands near chars/4 for English prose and code, but does not
     under-count identifiers and JSON by half the way plain chars/4 does: letter runs cost
     ⌈len/8⌉, digit runs ⌈len/3⌉ (BPE splits digits in threes), punctuation runs ⌈len/2⌉, a
     whitespace run other than a single space 1, and any other non-ASCII char (Cyrillic, Thai,
-    Arabic, emoji, accents) 0.6. Measured against cl100k this stays within 0.85–1.15× on prose,
-    code, JSON with hashes, Chinese, Japanese and Russian; callers apply the ×1.2 margin on top.
+    Arabic, emoji, accents) 0.6. It is an estimate for when no tokenizer is loaded, so callers
+    apply the ×1.2 margin on top.
     """
     if not text:
         return 0

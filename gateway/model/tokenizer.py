@@ -15,7 +15,7 @@ cl100k (exact tiktoken, different encoding, named as such) and log a WARNING; wh
 load at all, the CJK-aware estimate with its ×1.2 margin, with a WARNING. Never silently.
 
 Counters are cached per encoding in the process. The first load reads and hashes a few MB and
-builds the BPE tables (~0.1–0.5 s): call it at startup or via `asyncio.to_thread`.
+builds the BPE tables: call it at startup or via `asyncio.to_thread`.
 """
 
 from __future__ import annotations
