@@ -163,37 +163,8 @@ class LLMProvider:
                     f"({attempts} attempts). Please try again in a moment.",
                     kind="timeout",
                 ) from exc
-            except openai.BadRequestError as exc:
-                if _is_context_overflow(exc):
-                    raise ContextOverflowError(
-                        "The conversation is larger than the model's context window.",
-                        kind="context_overflow",
-                        detail=str(exc),
-                    ) from exc
-                raise LLMError(
-                    "The model endpoint rejected the request (400). The details are in the "
-                    "gateway log.",
-                    kind="bad_request",
-                    detail=str(exc),
-                ) from exc
-            except openai.RateLimitError as exc:
-                raise LLMError(
-                    "The model is rate-limited right now. Please try again in a minute.",
-                    kind="rate_limited",
-                    detail=str(exc),
-                ) from exc
-            except openai.AuthenticationError as exc:
-                raise LLMError(
-                    "The model endpoint refused the API key. Check [llm] api_key.",
-                    kind="auth",
-                    detail=str(exc),
-                ) from exc
             except openai.APIStatusError as exc:
-                raise LLMError(
-                    f"The model endpoint failed ({exc.status_code}). Please try again shortly.",
-                    kind="server_error",
-                    detail=str(exc),
-                ) from exc
+                raise _refusal(exc) from exc
             except openai.APIConnectionError as exc:
                 raise _unreachable(exc, self.settings.managed_by) from exc
             except (openai.APIResponseValidationError, json.JSONDecodeError, ValueError) as exc:
@@ -273,6 +244,45 @@ class LLMProvider:
             usage=usage,
             finish_reason=finish,
         )
+
+
+#: What a person reads for each refusal the SDK names by its own type; any other status is a
+#: server failure.
+_REFUSALS: tuple[tuple[type[openai.APIStatusError], str, str], ...] = (
+    (
+        openai.BadRequestError,
+        "bad_request",
+        "The model endpoint rejected the request (400). The details are in the gateway log.",
+    ),
+    (
+        openai.RateLimitError,
+        "rate_limited",
+        "The model is rate-limited right now. Please try again in a minute.",
+    ),
+    (
+        openai.AuthenticationError,
+        "auth",
+        "The model endpoint refused the API key. Check [llm] api_key.",
+    ),
+)
+
+
+def _refusal(exc: openai.APIStatusError) -> LLMError:
+    """The user-facing error for an HTTP status the endpoint answered with."""
+    if isinstance(exc, openai.BadRequestError) and _is_context_overflow(exc):
+        return ContextOverflowError(
+            "The conversation is larger than the model's context window.",
+            kind="context_overflow",
+            detail=str(exc),
+        )
+    for kind_of, kind, text in _REFUSALS:
+        if isinstance(exc, kind_of):
+            return LLMError(text, kind=kind, detail=str(exc))
+    return LLMError(
+        f"The model endpoint failed ({exc.status_code}). Please try again shortly.",
+        kind="server_error",
+        detail=str(exc),
+    )
 
 
 class RequestEncoder:
