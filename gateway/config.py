@@ -24,10 +24,52 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+# Each channel's settings live with its adapter; re-exported here for the rest of the gateway.
+from channels.settings import ChannelSection as ChannelSection
+from channels.settings import ConsoleSettings as ConsoleSettings
+from channels.settings import DiscordSettings as DiscordSettings
+from channels.settings import DmPolicy as DmPolicy
+from channels.settings import HistoryOverride as HistoryOverride
+from channels.settings import SlackSettings as SlackSettings
+from channels.settings import TelegramSettings as TelegramSettings
+from channels.settings import WebchatSettings as WebchatSettings
 
 CONFIG_ENV = "GATEHOUSE_CONFIG"
 DEFAULT_CONFIG_NAME = "gatehouse.toml"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+
+#: The drivers the store runs on, by the URL spellings a config may use (older async ones too).
+_DRIVERS = {
+    "sqlite": "sqlite",
+    "sqlite+aiosqlite": "sqlite",
+    "sqlite+pysqlite": "sqlite",
+    "postgresql": "postgresql+psycopg",
+    "postgresql+asyncpg": "postgresql+psycopg",
+    "postgresql+psycopg": "postgresql+psycopg",
+}
+SUPPORTED_SCHEMES = tuple(sorted(_DRIVERS))
+
+
+def sync_url(url: str) -> str:
+    """The driver the store runs on for a configured URL (older async spellings still accepted)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ValueError(
+            "not a database URL: use sqlite:///PATH or postgresql://USER:PASSWORD@HOST/DB"
+        ) from None
+    driver = _DRIVERS.get(parsed.drivername)
+    if driver is None:
+        raise ValueError(
+            f"unsupported database URL scheme {parsed.drivername!r}: use sqlite:///PATH or "
+            "postgresql://USER:PASSWORD@HOST/DB"
+        )
+    return parsed.set(drivername=driver).render_as_string(hide_password=False)
 
 
 class ConfigError(Exception):
@@ -156,7 +198,6 @@ class GatewaySection(_Strict):
     def _supported_url(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        from gateway.store.db import sync_url  # the store owns which drivers it runs on
 
         sync_url(value)  # raises a ValueError that names the accepted schemes
         return value
@@ -257,74 +298,6 @@ class SessionsSection(_Strict):
                     raise ValueError(f"{ident!r} is linked to both {seen[ident]!r} and {person!r}")
                 seen[ident] = person
         return value
-
-
-class HistoryOverride(_Strict):
-    history_limit: int | None = Field(default=None, ge=0)
-
-
-DmPolicy = Literal["pairing", "allowlist", "open", "disabled"]
-
-
-class ChannelSection(_Strict):
-    """Keys every channel shares: enablement, access policy and history limits."""
-
-    enabled: bool = False
-    history_limit: int | None = Field(default=None, ge=0, description="groups/channels/threads")
-    dm_history_limit: int | None = Field(default=None, ge=0)
-    dms: dict[str, HistoryOverride] = Field(default_factory=dict)
-    groups: dict[str, HistoryOverride] = Field(default_factory=dict)
-    dm_policy: DmPolicy = "pairing"
-    allow_from: list[str] = Field(default_factory=list)
-    group_allowlist: list[str] = Field(default_factory=list)
-    require_mention: bool = True
-    group_buffer: int = Field(default=50, ge=0)
-    # Streaming by editing a preview message (channels that can edit: Telegram, Slack, Discord).
-    stream_preview: bool = Field(
-        default=False, description="show the reply as it is written, in one edited message"
-    )
-    stream_edit_interval_ms: int = Field(
-        default=1000, ge=250, description="at most one preview edit per interval (rate limits)"
-    )
-    stream_min_chars: int = Field(
-        default=40, ge=1, description="no preview until the reply is this long"
-    )
-
-
-class ConsoleSettings(ChannelSection):
-    enabled: bool = True
-    dm_policy: DmPolicy = "open"
-
-
-class WebchatSettings(ChannelSection):
-    enabled: bool = True
-    dm_policy: DmPolicy = "open"
-
-
-class TelegramSettings(ChannelSection):
-    token: str | None = Field(default=None, repr=False)
-    base_url: str | None = Field(default=None, description="a self-hosted Bot API server")
-    mode: Literal["polling", "webhook"] = "polling"
-    webhook_url: str | None = None
-    webhook_secret: str | None = Field(default=None, repr=False)
-
-
-class SlackSettings(ChannelSection):
-    bot_token: str | None = Field(default=None, repr=False)
-    app_token: str | None = Field(default=None, repr=False)
-    signing_secret: str | None = Field(default=None, repr=False)
-    mode: Literal["socket", "http"] = "socket"
-    base_url: str | None = None
-    channels: dict[str, HistoryOverride] = Field(default_factory=dict)
-
-
-class DiscordSettings(ChannelSection):
-    token: str | None = Field(default=None, repr=False)
-    api_base_url: str | None = None
-    gateway_url: str | None = None
-    shard_count: int | None = Field(default=None, ge=1)
-    shard_ids: list[int] | None = None
-    channels: dict[str, HistoryOverride] = Field(default_factory=dict)
 
 
 class ChannelsSection(_Strict):

@@ -1,6 +1,12 @@
-"""Persistence: SQLModel tables, their migrations and the Store."""
+"""Persistence: SQLModel tables, their migrations and the Store.
 
-from gateway.store.db import HistoryRead, SessionInfo, Store, TurnUsage, row_to_message
+The Store (db.py) is the façade the gateway holds; each aggregate has its own repository module
+next to it (sessions, messages, turns, outbox, pairings, compactions, locks), all sharing one
+`Database` (engine.py). hot.py holds the per-message SQL; models.py and schema.py the tables.
+"""
+
+from gateway.store.db import Store
+from gateway.store.messages import HistoryRead, row_to_message
 from gateway.store.models import (
     CompactionRow,
     MemoryFlushRow,
@@ -10,6 +16,8 @@ from gateway.store.models import (
     SessionRow,
     TurnRecordRow,
 )
+from gateway.store.sessions import SessionInfo
+from gateway.store.turns import TurnUsage
 
 __all__ = [
     "CompactionRow",

@@ -1,11 +1,11 @@
 """The per-message path in plain SQL on the driver's own connection (sqlite3 or psycopg).
 
 Every message costs a handful of statements: accept, claim, read the summary and new history,
-finish the turn. Through the ORM each statement cost ~0.3–1.5 ms of Python (sessions, events,
-instrumented objects); on the driver's cursor it is tens of microseconds. So these few
-statements are written once here, portable between SQLite and PostgreSQL, and everything else
-keeps using SQLModel. Rows come back as SQLModel objects built with `model_construct` (no
-validation: the values come from our own tables).
+finish the turn. Through the ORM each statement pays for sessions, events and instrumented
+objects, many times the statement itself; on the driver's cursor it pays for the statement. So
+these few statements are written once here, portable between SQLite and PostgreSQL, and
+everything else keeps using SQLModel. Rows come back as SQLModel objects built without
+validation (`build`: the values come from our own tables).
 """
 
 from __future__ import annotations
@@ -96,8 +96,8 @@ def build(cls: type[R], values: dict[str, Any]) -> R:
     own): no validation, but a normal ORM object otherwise.
 
     What `model_construct` does, minus its per-field alias checks and its per-call default
-    lookup (which inspects the default factory's signature every time): 20–40 µs a row, and
-    a message costs five rows. Missing fields get their declared defaults."""
+    lookup (which inspects the default factory's signature every time), which cost more than
+    the statement that read the row. Missing fields get their declared defaults."""
     defaults = _defaults(cls)
     if len(values) != len(defaults):
         for name, (factory, default) in defaults.items():

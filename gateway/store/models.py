@@ -1,4 +1,5 @@
-"""SQLModel tables. Messages are append-only: compaction adds a row to `compactions`, never deletes."""
+"""SQLModel tables. Messages are append-only: a compaction adds a row to `compactions` and
+never deletes one."""
 
 from __future__ import annotations
 

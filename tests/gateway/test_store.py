@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
+import gateway.store.engine as store_engine
 from channels.base import InboundMessage
 from context.types import Message, ToolCall
-from gateway.store import SessionInfo, Store, TurnUsage, db
+from gateway.store import SessionInfo, Store, TurnUsage
 
 
 def inbound(text: str, mid: str | None = None) -> InboundMessage:
@@ -156,13 +157,13 @@ async def test_concurrent_session_creation_yields_one_row(database_url: str) -> 
 def _count_thread_steps(store: Store) -> list[int]:
     """Count the steps the store hands to its database thread."""
     calls: list[int] = []
-    run = store._run
+    run = store.database.run
 
     async def counting(fn):  # type: ignore[no-untyped-def]
         calls.append(1)
         return await run(fn)
 
-    store._run = counting  # type: ignore[method-assign]
+    store.database.run = counting  # type: ignore[method-assign]
     return calls
 
 
@@ -220,7 +221,7 @@ async def test_sqlite_hot_steps_wait_for_a_busy_database_thread_in_arrival_order
         time.sleep(0.2)
         finished.set()
 
-    busy = asyncio.create_task(store._run(slow))
+    busy = asyncio.create_task(store.database.run(slow))
     await asyncio.to_thread(started.wait, 5)
     info = SessionInfo(key="k")
     first = asyncio.create_task(store.accept_inbound(info, inbound("first", "m1")))
@@ -261,7 +262,7 @@ async def test_sqlite_steps_let_go_together_still_run_before_later_ones(tmp_path
             ))
         )
 
-    busy = asyncio.create_task(store._run(slow))
+    busy = asyncio.create_task(store.database.run(slow))
     await asyncio.to_thread(started.wait, 5)
     waiting = [
         asyncio.create_task(store.accept_inbound(info, inbound(text, mid)))
@@ -269,7 +270,7 @@ async def test_sqlite_steps_let_go_together_still_run_before_later_ones(tmp_path
     ]
     await asyncio.wait_for(asyncio.gather(busy, *waiting), 10)
     await asyncio.wait_for(late[0], 10)
-    assert store._released == 0 and not store._waiting
+    assert store.database._released == 0 and not store.database._waiting
     assert [r.content for r in (await store.claim_turn("k", lambda _s: None))[1]] == [
         "first", "second", "third",
     ]
@@ -279,13 +280,13 @@ async def test_sqlite_steps_let_go_together_still_run_before_later_ones(tmp_path
 async def test_sqlite_inline_writes_leave_wal_checkpoints_to_the_database_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(db, "CHECKPOINT_EVERY", 3)
+    monkeypatch.setattr(store_engine, "CHECKPOINT_EVERY", 3)
     path = tmp_path / "g.db"
     store = await make_store(f"sqlite:///{path}")
     thread_steps = _count_thread_steps(store)
     for i in range(3):
         await store.accept_inbound(SessionInfo(key="k"), inbound(f"m{i}", f"m{i}"))
-    await asyncio.gather(*store._checkpoints)
+    await asyncio.gather(*store.database._checkpoints)
     assert thread_steps == [1]
     await store.close()
     with sqlite3.connect(path) as conn:

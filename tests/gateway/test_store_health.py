@@ -1,17 +1,20 @@
 """`/healthz` reports the database (SQLite and PostgreSQL): failing after a store step failed,
-ok again once a write succeeds. Cheap: the store remembers its last failure, probes write nothing."""
+ok again once a write succeeds. Cheap: the store remembers its last failure, probes write
+nothing."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import aiohttp
 from sqlalchemy import create_engine, text
 
-from gateway.store.db import sync_url
+from gateway.config import sync_url
 from tests.conftest import RunningGateway
 from tests.fakes import FakeOpenAI, reply
 
 
-async def health(url: str) -> tuple[int, dict]:
+async def health(url: str) -> tuple[int, dict[str, Any]]:
     async with aiohttp.ClientSession() as http, http.get(f"{url}/healthz") as resp:
         return resp.status, await resp.json()
 

@@ -1,0 +1,189 @@
+"""A turn's two writes: claiming the inbound messages it answers, and finishing with its reply.
+
+A turn claims what waits for an answer (placing each message in the conversation), and
+finishes in one transaction: the reply, the handled marks, the usage counters, the turn record
+and, with a channel to deliver to, the outbox row. Messages claimed by a turn that never
+finished (a crash, a shutdown) are claimed again, so each is answered exactly once; the
+pending queries here find them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import func, or_
+from sqlmodel import Session, col, select
+
+from channels.base import OutboundMessage
+from context.types import Message
+from gateway.store.engine import Database
+from gateway.store.messages import CONTEXT_STATUS, HistoryRead, Known, read_history, reply_values
+from gateway.store.models import MessageRow, SessionRow, TurnRecordRow, utcnow
+
+
+@dataclass(frozen=True, slots=True)
+class TurnUsage:
+    """The tokens a turn's model calls used, as the provider reported them (None: unknown)."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+def _awaiting_answer() -> tuple[Any, ...]:
+    """Inbound messages no turn has answered yet (context-only group messages excluded)."""
+    return (
+        col(MessageRow.handled).is_(False),
+        or_(col(MessageRow.status).is_(None), col(MessageRow.status) != CONTEXT_STATUS),
+    )
+
+
+class TurnRepository:
+    """Claim a turn's messages, finish the turn, find what still waits; read turn records."""
+
+    def __init__(self, database: Database) -> None:
+        self._db = database
+
+    async def claim_pending(
+        self, session_id: int, context_limit: int | None = None
+    ) -> list[MessageRow]:
+        """Give unanswered inbound messages their conversation position; return them in order.
+
+        Messages claimed by a turn that never finished (crash, shutdown) are returned again, so
+        every inbound message is answered exactly once. Group messages kept as context join the
+        next turn; beyond the newest `context_limit` of them, older ones stay stored but out of
+        the conversation.
+        """
+
+        return await self._db.fast(
+            lambda cursor: self._claim(cursor, session_id, context_limit), write=True
+        )
+
+    async def claim_turn(
+        self,
+        key: str,
+        context_limit: Callable[[SessionRow], int | None],
+        known: Callable[[int], Known] | None = None,
+    ) -> tuple[SessionRow | None, list[MessageRow], HistoryRead | None]:
+        """The session and its claimed messages (see `claim_pending`) in one step; with
+        `known` (session id → what the caller's cached history holds, called inside the step),
+        also the turn's `summary_and_history`, saving the turn a transaction of its own."""
+        hot = self._db.hot
+
+        def op(cursor: Any) -> tuple[SessionRow | None, list[MessageRow], HistoryRead | None]:
+            session = hot.get_session(cursor, key)
+            if session is None or session.id is None:
+                return None, [], None
+            claimed = self._claim(cursor, session.id, context_limit(session))
+            read = None
+            if known is not None and claimed:
+                state = known(session.id)
+                read = HistoryRead(state, *read_history(hot, cursor, session.id, state))
+            return session, claimed, read
+
+        return await self._db.fast(op, write=True)
+
+    def _claim(self, cursor: Any, session_id: int, context_limit: int | None) -> list[MessageRow]:
+        hot = self._db.hot
+        rows = hot.unhandled(cursor, session_id)
+        unplaced = [r for r in rows if r.seq is None]
+        context = [r for r in unplaced if r.status == CONTEXT_STATUS]
+        if context_limit is not None and len(context) > context_limit:
+            expired = context[: len(context) - context_limit]
+            hot.mark_handled(cursor, (r.id for r in expired if r.id), "context-expired")
+            gone = {id(r) for r in expired}
+            unplaced = [r for r in unplaced if id(r) not in gone]
+            rows = [r for r in rows if id(r) not in gone]
+        if unplaced:
+            first = hot.allocate_seqs(cursor, session_id, len(unplaced))
+            for i, row in enumerate(unplaced):
+                row.seq = first + i
+            hot.set_seqs(cursor, ((r.id, r.seq) for r in unplaced if r.id and r.seq))
+        return sorted(rows, key=lambda r: r.seq or 0)
+
+    async def finish_turn(
+        self,
+        session_id: int,
+        reply: Message,
+        handled_ids: Iterable[int],
+        usage: TurnUsage,
+        *,
+        reply_status: str | None = None,
+        error: str | None = None,
+        token_ratio: float | None = None,
+        token_counts: dict[int, int] | None = None,
+        record: TurnRecordRow | None = None,
+        outbound: OutboundMessage | None = None,
+    ) -> int | None:
+        """Store the reply, mark the turn's inbound messages answered and count usage: atomically.
+
+        `token_counts` ({message id: tokens}) rides along so counting costs no extra transaction;
+        `record` (the turn's token pressure, for the admin UI) is stored with the reply. With
+        `outbound`, the reply also enters the outbox in the same transaction; the returned
+        outbox id goes to `gateway.turn.outbox.DeliveryLog` once the channel sent it.
+        """
+        ids = list(handled_ids)
+        hot = self._db.hot
+
+        def op(cursor: Any) -> int | None:
+            seq = hot.finish_turn(
+                cursor,
+                session_id,
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                error=error,
+                token_ratio=token_ratio,
+            )
+            hot.insert_message_only(cursor, reply_values(session_id, seq, reply, reply_status))
+            outbox_id = None
+            if outbound is not None:
+                outbox_id = hot.insert_outbox(cursor, session_id, outbound)
+            if record is not None:
+                hot.insert_turn_record(cursor, record, session_id, seq)
+            counts = token_counts or {}
+            hot.mark_handled(cursor, ids, None, counts)
+            handled = set(ids)
+            earlier = {i: t for i, t in counts.items() if i not in handled}
+            if earlier:  # history messages counted for the first time
+                hot.set_tokens(cursor, earlier)
+            return outbox_id
+
+        return await self._db.fast(op, write=True)
+
+    async def sessions_with_pending(self, older_than: float | None = None) -> list[SessionRow]:
+        """Sessions with inbound messages no turn has answered yet (e.g. after a crash).
+
+        `older_than` (seconds) skips messages that just arrived: their own process is on them.
+        """
+
+        def op(db: Session) -> list[SessionRow]:
+            pending = select(MessageRow.session_id).where(*_awaiting_answer())
+            if older_than is not None:
+                cutoff = utcnow() - timedelta(seconds=older_than)
+                pending = pending.where(col(MessageRow.created_at) < cutoff)
+            return list(db.exec(select(SessionRow).where(col(SessionRow.id).in_(pending))).all())
+
+        return await self._db.read(op)
+
+    async def has_pending(self, session_id: int) -> bool:
+        """Whether inbound messages of this session still wait for a turn's answer."""
+        stmt = select(MessageRow.id).where(MessageRow.session_id == session_id, *_awaiting_answer())
+        return await self._db.read(lambda db: db.exec(stmt).first() is not None)
+
+    async def turn_records(self, session_id: int, limit: int = 500) -> list[TurnRecordRow]:
+        """The session's latest `limit` turn records, oldest first."""
+        stmt = (
+            select(TurnRecordRow)
+            .where(TurnRecordRow.session_id == session_id)
+            .order_by(col(TurnRecordRow.id).desc())
+            .limit(limit)
+        )
+        return await self._db.read(lambda db: list(db.exec(stmt).all())[::-1])
+
+    async def latest_turn_records(self) -> dict[int, TurnRecordRow]:
+        """Each session's latest turn record, by session id, in one query."""
+        latest = select(func.max(TurnRecordRow.id)).group_by(col(TurnRecordRow.session_id))
+        stmt = select(TurnRecordRow).where(col(TurnRecordRow.id).in_(latest))
+        return await self._db.read(lambda db: {r.session_id: r for r in db.exec(stmt).all()})
