@@ -11,7 +11,10 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 ChatType = Literal["direct", "group", "channel", "thread"]
 
@@ -100,8 +103,10 @@ NETWORK_ERRORS: tuple[type[BaseException], ...] = (OSError, TimeoutError)
 def platform_failure(channel: object, exc: BaseException) -> bool:
     """Whether a failed send is the platform's or the network's doing (a refusal such as 403
     "bot was blocked", an outage), which the gateway logs as one line, as opposed to a bug,
-    logged with its traceback. A channel names its SDK's errors in ``send_errors``."""
-    return isinstance(exc, NETWORK_ERRORS + getattr(channel, "send_errors", ()))
+    logged with its traceback. A channel names its SDK's errors in ``send_errors``
+    (`NamesSendErrors`)."""
+    errors = channel.send_errors if isinstance(channel, NamesSendErrors) else ()
+    return isinstance(exc, NETWORK_ERRORS + errors)
 
 
 _Part = TypeVar("_Part")
@@ -274,8 +279,8 @@ class Channel(Protocol):
 
     name: str
     capabilities: ChannelCapabilities
-    # Optional: ``send_errors``, the SDK's exception types for a platform's refusal or outage
-    # (`platform_failure`).
+    # Optional parts, each its own protocol below, found with isinstance: `PreviewChannel`,
+    # `TypingChannel`, `WebhookChannel`, `NamesSendErrors`, and `AnswersRequests` above.
 
     async def start(self, on_message: InboundHandler) -> None: ...
 
@@ -302,3 +307,30 @@ class PreviewChannel(Protocol):
     ) -> None:
         """Replace the text of an earlier message with plain `text`."""
         ...
+
+
+@runtime_checkable
+class TypingChannel(Protocol):
+    """Optional: a channel that can show "typing…" while a turn runs. Used only when
+    ``capabilities.typing`` is also on, so an adapter can keep the method and switch it off."""
+
+    async def typing(self, chat_id: str, thread_id: str | None = None) -> None:
+        """Show the indicator once, in the chat (and thread) the reply will go to."""
+        ...
+
+
+@runtime_checkable
+class WebhookChannel(Protocol):
+    """Optional: a channel whose platform can post events to the gateway's web server
+    (Telegram's webhook mode, Slack's HTTP mode): it mounts its endpoint on the app before the
+    server starts."""
+
+    def add_routes(self, app: web.Application) -> None: ...
+
+
+@runtime_checkable
+class NamesSendErrors(Protocol):
+    """Optional: a channel naming its SDK's exception types for a platform's refusal or outage,
+    so such a failed send is logged as one line rather than as a bug (`platform_failure`)."""
+
+    send_errors: tuple[type[BaseException], ...]

@@ -74,7 +74,7 @@ from channels.base import (
     send_parts,
 )
 from channels.formatting import DISCORD_LIMIT, DISCORD_MAX_LINES, chunk_text, preview_tail
-from gateway.config import DiscordSettings
+from channels.settings import DiscordSettings
 
 log = logging.getLogger(__name__)
 

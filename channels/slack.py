@@ -12,7 +12,7 @@ Transport (all of it is bolt / slack-sdk; nothing here re-implements it):
   forged one or a timestamp older than five minutes) -- bolt's aiohttp adapter would parse the
   body (JSON, or a form's ``payload``) before bolt verified it, so an unsigned body nested 1,000
   deep was a ``RecursionError`` and a 500. Only then is the body parsed, bounded
-  (`gateway.web.guard.loads_json`: 400 for malformed or too deeply nested JSON), and handed to
+  (`channels.webhooks.loads_json`: 400 for malformed or too deeply nested JSON), and handed to
   bolt, which verifies again and answers ``url_verification`` challenges. Each refusal is one
   log line, never a traceback.
 - ``settings.base_url`` is the Web API base (default ``https://slack.com/api/``); a trailing slash
@@ -88,6 +88,8 @@ from markdown_it.tree import SyntaxTreeNode
 from slack_bolt.adapter.aiohttp import to_aiohttp_response
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
+from slack_bolt.context.async_context import AsyncBoltContext
+from slack_bolt.request.async_internals import build_async_context
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.http_retry.builtin_async_handlers import (
@@ -109,8 +111,8 @@ from channels.base import (
     send_parts,
 )
 from channels.formatting import SLACK_LIMIT, chunk_text, plain_line
-from gateway.config import SlackSettings
-from gateway.web.guard import BadBody, loads_json, log_refusal, read_body
+from channels.settings import SlackSettings
+from channels.webhooks import BadBody, loads_json, log_refusal, read_body
 
 log = logging.getLogger(__name__)
 
@@ -249,13 +251,18 @@ _MALFORMED_EVENT = "gatehouse_malformed_event"
 def _sanitize_body(body: Any) -> dict[str, Any] | None:
     """The request body with a malformed ``event`` replaced; None when it is not an object.
 
-    Bolt's listener matchers read ``event.type`` (and ``subtype``) as strings and raise on
-    anything else -- a 500 or a missing ack, so Slack would redeliver the poison forever.
+    Bolt's listener matchers read ``event.type`` (and ``subtype``) as strings, and its context
+    extraction reads the channel, user and team ids as strings or objects; anything else raises
+    -- a 500 or a missing ack, so Slack would redeliver the poison forever.
     """
     if not isinstance(body, dict):
         log.warning("slack: ignoring a malformed request (body is a %s)", type(body).__name__)
         return None
     if body.get("type") != "event_callback":
+        problem = _context_problem(body)
+        if problem is not None:
+            log.warning("slack: ignoring a malformed request (%s)", problem)
+            return None
         return body
     event = body.get("event")
     problem = None
@@ -265,10 +272,24 @@ def _sanitize_body(body: Any) -> dict[str, Any] | None:
         problem = f"event type is a {type(event.get('type')).__name__}"
     elif event.get("subtype") is not None and not isinstance(event["subtype"], str):
         problem = f"event subtype is a {type(event['subtype']).__name__}"
-    if problem is not None:
-        log.warning("slack: ignoring a malformed event_callback (%s)", problem)
-        return {**body, "event": {"type": _MALFORMED_EVENT}}
-    return body
+    else:
+        problem = _context_problem(body)
+    if problem is None:
+        return body
+    log.warning("slack: ignoring a malformed event_callback (%s)", problem)
+    stripped = {**body, "event": {"type": _MALFORMED_EVENT}}
+    if _context_problem(stripped) is None:
+        return stripped
+    return {"type": "event_callback", "event": {"type": _MALFORMED_EVENT}}
+
+
+def _context_problem(body: dict[str, Any]) -> str | None:
+    """What bolt's context extraction (team, user, channel ids) would trip over, if anything."""
+    try:
+        build_async_context(AsyncBoltContext(), body)
+    except (TypeError, AttributeError, KeyError, ValueError, IndexError) as exc:
+        return f"ids bolt cannot read ({type(exc).__name__})"
+    return None
 
 
 def parse_http_body(text: str, content_type: str) -> Any:
@@ -447,16 +468,19 @@ class SlackChannel:
             )
             log_refusal(request, 400, f"slack: ignoring a malformed request ({reason})", log)
             return web.Response(status=400, text="malformed request body")
-        # Bolt parses the text again, safely now: the same JSON, already bounded.
+        body = _sanitize_body(parsed)
+        if body is None:
+            return web.Response(status=400, text="malformed request body")
+        if body is not parsed:
+            # A malformed event is acked and dropped here: bolt reads ids while it builds the
+            # request, before any listener, and in HTTP mode it only takes the signed raw text.
+            return web.Response(status=200)
+        # Bolt parses the text again, safely now: the same JSON, already bounded and checked.
         bolt_request = AsyncBoltRequest(
             body=text,
             query=request.query_string,
             headers=request.headers,  # type: ignore[arg-type]  # as bolt's aiohttp adapter does
         )
-        body = _sanitize_body(bolt_request.body)
-        if body is None:
-            return web.Response(status=400, text="malformed request body")
-        bolt_request.body = body
         bolt_response = await self.app.async_dispatch(bolt_request)
         return await to_aiohttp_response(bolt_response)
 

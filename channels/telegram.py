@@ -37,7 +37,7 @@ the preview into its first HTML chunk; a preview that cannot be edited (deleted,
 logged and that chunk is sent as a new message instead.
 
 Malformed input: the webhook checks the secret token header before it reads the body, then
-reads it bounded (`gateway.web.guard`): too large, not UTF-8, not JSON or nested deeper than 64
+reads it bounded (`channels.webhooks`): too large, not UTF-8, not JSON or nested deeper than 64
 is a 4xx with one log line. A body that is JSON but no readable update is logged and acknowledged
 (200, so Telegram stops redelivering it); in polling, `_TolerantBot` replaces an unreadable
 update in a ``getUpdates`` batch by a bare ``update_id`` so it is confirmed and skipped instead
@@ -85,8 +85,8 @@ from channels.base import (
     send_parts,
 )
 from channels.formatting import TELEGRAM_LIMIT, chunk_text, plain_line
-from gateway.config import TelegramSettings
-from gateway.web.guard import BadBody, loads_json, log_refusal, read_body
+from channels.settings import TelegramSettings
+from channels.webhooks import BadBody, loads_json, log_refusal, read_body
 
 log = logging.getLogger(__name__)
 
@@ -768,7 +768,7 @@ class TelegramChannel:
                 log.warning("telegram: rate limited in chat %s; retrying in %.1fs", chat_id, delay)
                 await asyncio.sleep(delay)
 
-    async def typing(self, chat_id: str, thread_id: str | None) -> None:
+    async def typing(self, chat_id: str, thread_id: str | None = None) -> None:
         await self.bot.send_chat_action(
             chat_id, ChatAction.TYPING, message_thread_id=int(thread_id) if thread_id else None
         )

@@ -6,10 +6,13 @@ discord.py.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from channels.base import Channel
+from channels.base import Channel, WebhookChannel
 from gateway.config import Config
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 
 def platform_channels(config: Config) -> list[Channel]:
@@ -30,9 +33,8 @@ def platform_channels(config: Config) -> list[Channel]:
     return channels
 
 
-def add_channel_routes(app: Any, channels: list[Channel]) -> None:
+def add_channel_routes(app: web.Application, channels: list[Channel]) -> None:
     """Webhook endpoints (Telegram webhook mode, Slack HTTP mode) on the gateway's web server."""
     for channel in channels:
-        add_routes = getattr(channel, "add_routes", None)
-        if add_routes is not None:
-            add_routes(app)
+        if isinstance(channel, WebhookChannel):
+            channel.add_routes(app)

@@ -5,9 +5,8 @@
   `log_refusal`; the middleware logs the others, so a request never leaves two lines.
 - **Bounded parsing**: `read_body` reads at most the app's ``client_max_size`` (413 beyond it);
   `loads_json` refuses bodies that are not UTF-8, not JSON, nested deeper than `MAX_JSON_DEPTH`
-  (Python's parser would raise `RecursionError` near 1,000 levels, and a structure of 990 levels
-  is enough to exhaust the stack of whatever walks it next) or holding a number over Python's
-  4,300-digit limit -- each a `BadBody`, which the endpoints answer with a 4xx.
+  or holding a number over Python's 4,300-digit limit -- each a `BadBody`, which the endpoints
+  answer with a 4xx (`channels.webhooks`, shared with the platform webhooks).
 - **DNS rebinding** (`HostPolicy`): a page on ``evil.example`` whose name resolves to
   127.0.0.1 is same-origin with the gateway for the browser, but its requests still carry
   ``Host: evil.example``. Only the configured host, loopback names, ``[web] allowed_hosts``
@@ -32,90 +31,29 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+# The body helpers live with the platform webhooks that use them; re-exported for the endpoints.
+from channels.webhooks import MAX_JSON_DEPTH as MAX_JSON_DEPTH
+from channels.webhooks import BadBody as BadBody
+from channels.webhooks import loads_json as loads_json
+from channels.webhooks import log_refusal as _log_refusal
+from channels.webhooks import read_body as read_body
+
 if TYPE_CHECKING:
     from gateway.config import Config
 
 log = logging.getLogger(__name__)
 
-MAX_JSON_DEPTH = 64
-"""Deepest JSON nesting any endpoint accepts (Slack's and Telegram's payloads stay under 20)."""
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
-REFUSAL_LOGGED = web.RequestKey("gatehouse_refusal_logged", bool)
-_REASON_CHARS = 200
-
-
-class BadBody(ValueError):
-    """A request body an endpoint refuses; `status` is the 4xx to answer with."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-
-
-def _short(text: str) -> str:
-    text = text if len(text) <= _REASON_CHARS else text[:_REASON_CHARS] + "…"
-    return text.encode("unicode_escape").decode("ascii")  # one line, whatever the input
 
 
 def log_refusal(
     request: web.Request, status: int, reason: str, logger: logging.Logger | None = None
 ) -> None:
-    """The one log line of a refused request (a second call for the same request is a no-op)."""
-    if request.get(REFUSAL_LOGGED):
-        return
-    request[REFUSAL_LOGGED] = True
-    # A 404 is what every browser's /favicon.ico gets: worth a line only when debugging.
-    (logger or log).log(
-        logging.DEBUG if status == 404 else logging.WARNING,
-        "refused %s %s from %s: %d %s",
-        request.method, _short(request.raw_path), request.remote, status, _short(reason),
-    )
-
-
-async def read_body(request: web.Request) -> bytes:
-    """The raw body, at most the app's ``client_max_size``; `BadBody` (413) beyond it."""
-    limit = request.client_max_size
-    if request.content_length is not None and request.content_length > limit:
-        raise BadBody(413, f"the body is {request.content_length:,} bytes; the limit is {limit:,}")
-    try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise BadBody(413, f"the body is over the limit of {limit:,} bytes") from None
-
-
-def _too_deep(value: Any, limit: int) -> bool:
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item
-        if depth > limit:
-            return True
-        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
-    return False
-
-
-def loads_json(raw: bytes | str, max_depth: int = MAX_JSON_DEPTH) -> Any:
-    """`json.loads`, bounded: `BadBody` (400) for anything a 500 must never come from."""
-    try:
-        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-    except UnicodeDecodeError:
-        raise BadBody(400, "the request body is not valid UTF-8") from None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise BadBody(
-            400, f"the request body is not valid JSON: {exc.msg} at position {exc.pos}"
-        ) from None
-    except RecursionError:
-        raise BadBody(400, f"the request body's JSON is nested deeper than {max_depth}") from None
-    except ValueError as exc:  # e.g. an integer over Python's 4,300-digit limit
-        raise BadBody(400, f"the request body is not usable JSON: {exc}") from None
-    if isinstance(value, dict | list) and _too_deep(value, max_depth):
-        raise BadBody(400, f"the request body's JSON is nested deeper than {max_depth}")
-    return value
+    """The one log line of a refused request (a second call for the same request is a no-op);
+    on this module's logger unless the endpoint names its own."""
+    _log_refusal(request, status, reason, logger or log)
 
 
 def _hostname(authority: str) -> str | None:

@@ -8,7 +8,6 @@ import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import discord.gateway
 import discord.http
@@ -17,8 +16,9 @@ import pytest
 from channels.base import InboundMessage, InboundResult, OutboundMessage
 from channels.discord import DiscordChannel, defuse_mass_mentions
 from channels.formatting import DISCORD_LIMIT, DISCORD_MAX_LINES
-from gateway.config import DiscordSettings
+from channels.settings import DiscordSettings
 from tests.fakes.discord_server import FakeDiscord
+from tests.helpers.discord_fixture import fixture_channel
 
 
 class Collector:
@@ -495,39 +495,10 @@ async def test_malformed_message_creates_do_not_break_the_client(
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GOLDEN = sorted(FIXTURES.glob("discord_*.json"))
-# The ids the fixtures were written with (see the payloads): bot, guild, channel, thread, role.
-FIXTURE_IDS = {
-    "bot_id": "1180381729134280724",
-    "guild_id": "1180381729134280700",
-    "text_channel_id": "1180381729134280701",
-    "thread_id": "1180381729134280702",
-    "bot_role_id": "1180381729134280703",
-    "owner_id": "1180381729134280704",
-}
-FIXTURE_ALICE = "1180381729134280710"
-
-
-def _fixture_channel() -> tuple[DiscordChannel, Any]:
-    """An unstarted adapter whose discord.py state knows the bot user and the fixture guild."""
-    fake = FakeDiscord()  # only its payload builders: never started
-    for attr, value in FIXTURE_IDS.items():
-        setattr(fake, attr, value)
-    fake.app_id = fake.everyone_role_id = fake.guild_id
-    fake.alice = fake.user(FIXTURE_ALICE, "alice", global_name="Alice A.")
-    fake.bot_user = fake.user(fake.bot_id, "gatehouse", bot=True)
-    chan = DiscordChannel(DiscordSettings(token="fixture-token"))
-    client = chan._make_client()
-    chan._client = client
-    state = client._connection
-    state.user = discord.ClientUser(state=state, data=fake.bot_user)  # type: ignore[arg-type]
-    state._add_guild_from_data(fake.guild())  # type: ignore[arg-type]
-    return chan, state
-
-
 @pytest.mark.parametrize("path", GOLDEN, ids=[p.stem for p in GOLDEN])
 def test_golden_message_create_payloads(path: Path) -> None:
     case = json.loads(path.read_text())
-    chan, state = _fixture_channel()
+    chan, state = fixture_channel()
     parsed: list[discord.Message] = []
     state.dispatch = lambda event, *args: parsed.append(args[0]) if event == "message" else None
     state.parse_message_create(case["message"])

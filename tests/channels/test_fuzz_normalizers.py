@@ -37,16 +37,16 @@ from channels.base import (
 )
 from channels.console import ConsoleChannel
 from channels.discord import DiscordChannel
+from channels.settings import SlackSettings, TelegramSettings
 from channels.slack import EVENTS_PATH, SlackChannel, _sanitize_body
 from channels.telegram import TelegramChannel, _TolerantBot
 from channels.webchat import WebchatChannel
 from gateway.app import Gateway
-from gateway.config import SlackSettings, TelegramSettings
 from gateway.web.server import build_app
-from tests.channels.test_discord import _fixture_channel
 from tests.conftest import MakeConfig
 from tests.fakes.sink import Sink
 from tests.fakes.slack_server import BOT_ID, BOT_USER_ID, event_callback, signed_headers
+from tests.helpers.discord_fixture import fixture_channel as _fixture_channel
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EXAMPLES = int(os.environ.get("GATEHOUSE_FUZZ_EXAMPLES", "60"))
@@ -363,6 +363,20 @@ async def test_slack_http_endpoint_never_fails_on_signed_garbage(
     response = await client.post(EVENTS_PATH, data=body, headers=signed_headers("fuzz-secret", body))
     assert response.status < 500, await response.text()
     assert taker.failures == []
+
+
+
+@pytest.mark.parametrize("channel", [False, 7, ["C1"], 1.5])
+async def test_slack_http_acks_an_event_whose_ids_bolt_cannot_read(
+    channel: Any, slack_http: tuple[TestClient[web.Request, web.Application], Taker]
+) -> None:
+    """Bolt reads the channel id while it builds a request; a non-string one must not be a 500."""
+    client, taker = slack_http
+    event = {"type": "app_mention", "user": "U1", "text": "hi", "ts": "1.2", "channel": channel}
+    body = json.dumps(event_callback(event))
+    response = await client.post(EVENTS_PATH, data=body, headers=signed_headers("fuzz-secret", body))
+    assert response.status == 200, await response.text()
+    assert taker.taken == [] and taker.failures == []
 
 
 # -- Discord ------------------------------------------------------------------------------------

@@ -22,11 +22,11 @@ import pytest
 from telegram import Update, User
 
 from channels.base import InboundMessage, InboundResult, OutboundMessage, ReplyWaiters, is_blank
+from channels.settings import SlackSettings
 from channels.slack import SlackChannel
 from channels.telegram import to_inbound
-from gateway.config import SlackSettings
-from tests.channels.test_discord import _fixture_channel
 from tests.fakes.slack_server import BOT_ID, BOT_USER_ID
+from tests.helpers.discord_fixture import fixture_channel as _fixture_channel
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ZERO_WIDTH = "\u200b\u200c\u200d\u2060\ufeff"

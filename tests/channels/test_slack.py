@@ -19,8 +19,8 @@ from slack_sdk.errors import SlackApiError
 
 from channels.base import InboundMessage, InboundResult, OutboundMessage
 from channels.formatting import SLACK_LIMIT
+from channels.settings import SlackSettings
 from channels.slack import SlackChannel, markdown_to_mrkdwn, slack_chunks
-from gateway.config import SlackSettings
 from tests.fakes.slack_server import (
     BOT_USER_ID,
     FakeSlack,

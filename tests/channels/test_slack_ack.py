@@ -15,9 +15,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from channels.base import InboundMessage, InboundResult
+from channels.settings import SlackSettings
 from channels.slack import EVENTS_PATH, SlackChannel
 from gateway.app import Gateway
-from gateway.config import SlackSettings
 from tests.conftest import MakeConfig
 from tests.fakes import FakeOpenAI
 from tests.fakes.slack_server import FakeSlack, event_callback, im_message, signed_headers

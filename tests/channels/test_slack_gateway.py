@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from channels.settings import SlackSettings
 from channels.slack import SlackChannel
 from gateway.app import Gateway
-from gateway.config import SlackSettings
 from tests.conftest import MakeConfig
 from tests.fakes import FakeOpenAI
 from tests.fakes.slack_server import (

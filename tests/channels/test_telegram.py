@@ -18,6 +18,7 @@ from telegram import Update, User
 
 from channels.base import InboundMessage, InboundResult, OutboundMessage
 from channels.formatting import TELEGRAM_LIMIT
+from channels.settings import TelegramSettings
 from channels.telegram import (
     SECRET_HEADER,
     WEBHOOK_PATH,
@@ -25,7 +26,6 @@ from channels.telegram import (
     markdown_to_telegram_html,
     to_inbound,
 )
-from gateway.config import TelegramSettings
 from tests.fakes.telegram_server import FakeTelegram, entity, html_problem
 
 GROUP = -1001234567890

@@ -1,0 +1,88 @@
+"""Each channel's settings (``[channels.<name>]`` in gatehouse.toml), as pydantic models.
+
+They live with the adapters that read them, so an adapter needs nothing from the gateway;
+the gateway's configuration assembles them into the whole. Keys holding credentials are
+recognised by their names (``token``, ``*_secret``...) wherever values are shown, and are kept
+out of ``repr`` here, so neither an error nor a log shows them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    """Unknown keys are errors, and so is a bad value assigned later: a typo never falls back
+    to a default."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class HistoryOverride(_Strict):
+    history_limit: int | None = Field(default=None, ge=0)
+
+
+DmPolicy = Literal["pairing", "allowlist", "open", "disabled"]
+
+
+class ChannelSection(_Strict):
+    """Keys every channel shares: enablement, access policy and history limits."""
+
+    enabled: bool = False
+    history_limit: int | None = Field(default=None, ge=0, description="groups/channels/threads")
+    dm_history_limit: int | None = Field(default=None, ge=0)
+    dms: dict[str, HistoryOverride] = Field(default_factory=dict)
+    groups: dict[str, HistoryOverride] = Field(default_factory=dict)
+    dm_policy: DmPolicy = "pairing"
+    allow_from: list[str] = Field(default_factory=list)
+    group_allowlist: list[str] = Field(default_factory=list)
+    require_mention: bool = True
+    group_buffer: int = Field(default=50, ge=0)
+    # Streaming by editing a preview message (channels that can edit: Telegram, Slack, Discord).
+    stream_preview: bool = Field(
+        default=False, description="show the reply as it is written, in one edited message"
+    )
+    stream_edit_interval_ms: int = Field(
+        default=1000, ge=250, description="at most one preview edit per interval (rate limits)"
+    )
+    stream_min_chars: int = Field(
+        default=40, ge=1, description="no preview until the reply is this long"
+    )
+
+
+class ConsoleSettings(ChannelSection):
+    enabled: bool = True
+    dm_policy: DmPolicy = "open"
+
+
+class WebchatSettings(ChannelSection):
+    enabled: bool = True
+    dm_policy: DmPolicy = "open"
+
+
+class TelegramSettings(ChannelSection):
+    token: str | None = Field(default=None, repr=False)
+    base_url: str | None = Field(default=None, description="a self-hosted Bot API server")
+    mode: Literal["polling", "webhook"] = "polling"
+    webhook_url: str | None = None
+    webhook_secret: str | None = Field(default=None, repr=False)
+
+
+class SlackSettings(ChannelSection):
+    bot_token: str | None = Field(default=None, repr=False)
+    app_token: str | None = Field(default=None, repr=False)
+    signing_secret: str | None = Field(default=None, repr=False)
+    mode: Literal["socket", "http"] = "socket"
+    base_url: str | None = None
+    channels: dict[str, HistoryOverride] = Field(default_factory=dict)
+
+
+class DiscordSettings(ChannelSection):
+    token: str | None = Field(default=None, repr=False)
+    api_base_url: str | None = None
+    gateway_url: str | None = None
+    shard_count: int | None = Field(default=None, ge=1)
+    shard_ids: list[int] | None = None
+    channels: dict[str, HistoryOverride] = Field(default_factory=dict)
