@@ -8,28 +8,24 @@
 * memory index refresh: notes edited by hand are searchable without waiting for a search.
 * pairing expiry: pending codes past their hour are marked expired.
 
-Every session operation holds the session's lane, so it never races a turn.
+Every session operation holds the session's lane, so it never races a turn. The sweeps work
+through a `gateway.jobs.host.MaintenanceHost` (the Gateway), never the runner itself.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from gateway.config import Config
+from gateway.jobs.host import MaintenanceHost
 from gateway.jobs.scheduler import CRON_SESSION_PREFIX, MaintenanceJob
 from gateway.store import PairingRow, SessionRow
 from gateway.store.models import utcnow
-from gateway.turn.runner import compaction_blocked_reason
 from memory.index import RefreshStats
-
-if TYPE_CHECKING:
-    from gateway.app import Gateway
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +85,8 @@ def maintenance_schedule(config: Config) -> list[MaintenanceJob]:
 class Maintenance:
     """The maintenance jobs of one gateway."""
 
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway
+    def __init__(self, host: MaintenanceHost) -> None:
+        self.host = host
         self._checked: dict[int, datetime] = {}
         """Session id -> the updated_at it had when found not worth compacting."""
 
@@ -103,31 +99,31 @@ class Maintenance:
         }
         return [
             MaintenanceJob(j.id, j.description, j.trigger, run[j.id])
-            for j in maintenance_schedule(self.gateway.config)
+            for j in maintenance_schedule(self.host.config)
         ]
 
     async def compact_idle_sessions(self) -> list[str]:
         """Compact the idle sessions worth it; return their keys."""
-        g = self.gateway
-        settings = g.config.scheduler
+        h = self.host
+        settings = h.config.scheduler
         cutoff = utcnow() - timedelta(minutes=settings.idle_compaction_minutes)
         compacted: list[str] = []
-        for session in await g.store.sessions_idle_since(cutoff):
+        for session in await h.store.sessions_idle_since(cutoff):
             assert session.id is not None
             if self._checked.get(session.id) == session.updated_at:
                 continue
-            if compaction_blocked_reason(session, g.config.context.max_ineffective_compactions):
+            if h.compaction_blocked(session):
                 continue
-            async with g.lanes.hold(session.key):
-                fresh = await g.store.get_session(session.key)
+            async with h.hold_lane(session.key):
+                fresh = await h.store.get_session(session.key)
                 if fresh is None or fresh.updated_at != session.updated_at:
                     continue  # a turn ran meanwhile: no longer idle
-                if await g.store.has_pending(session.id) or not await self._worth_compacting(
+                if await h.store.has_pending(session.id) or not await self._worth_compacting(
                     fresh
                 ):
                     self._checked[session.id] = session.updated_at
                     continue
-                result = await g.runner.compact_session(session.key, reason="idle")
+                result = await h.compact_idle(session.key)
             if result is not None and result.committed:
                 compacted.append(session.key)
                 log.info("idle compaction of %s: %d -> %d tokens", session.key,
@@ -137,32 +133,23 @@ class Maintenance:
     async def _worth_compacting(self, session: SessionRow) -> bool:
         """The prompt (by the same count a turn uses) is past the configured share of the
         compaction threshold."""
-        assert session.id is not None
-        runner = self.gateway.runner
-        view = await runner.view(session.id)
-        if not view.history:
+        size = await self.host.prompt_size(session)
+        if size is None:
             return False
-        settings = runner.settings_for(session, None)
-        plan = self.gateway.engine.assemble(
-            runner.turn_context(session.key, view, 1 << 62, settings)
-        )
-        threshold = plan.facts.get("compaction_threshold")
-        total = plan.facts.get("tokens", {}).get("calibrated_total")
-        if not threshold or total is None:
-            return False
-        return bool(total >= self.gateway.config.scheduler.idle_compaction_min_share * threshold)
+        share = self.host.config.scheduler.idle_compaction_min_share
+        return size.tokens >= share * size.compaction_threshold
 
     async def reset_sessions(self) -> list[str]:
         """The daily reset: every session with something in its context starts fresh."""
-        g = self.gateway
-        why = f"daily reset at {g.config.scheduler.daily_reset} {g.config.gateway.timezone}"
+        h = self.host
+        why = f"daily reset at {h.config.scheduler.daily_reset} {h.config.gateway.timezone}"
         reset: list[str] = []
-        for session in await g.store.list_sessions():
+        for session in await h.store.list_sessions():
             if session.key.startswith(CRON_SESSION_PREFIX):
                 continue  # every scheduled run starts fresh already
-            async with g.lanes.hold(session.key):
-                row = await g.runner.reset_session(
-                    session.key, why, flush=g.config.scheduler.reset_flush_memory
+            async with h.hold_lane(session.key):
+                row = await h.reset_session(
+                    session.key, why, flush=h.config.scheduler.reset_flush_memory
                 )
             if row is not None:
                 reset.append(session.key)
@@ -171,12 +158,12 @@ class Maintenance:
         return reset
 
     async def refresh_memory_index(self) -> RefreshStats:
-        stats = await asyncio.to_thread(self.gateway.memory_index.refresh)
+        stats = await self.host.refresh_memory_index()
         log.debug("memory index refreshed: %s", stats)
         return stats
 
     async def expire_pairings(self) -> list[PairingRow]:
-        expired = await self.gateway.store.expire_pairings()
+        expired = await self.host.store.expire_pairings()
         for row in expired:
             log.info("pairing code for %s user %s expired", row.platform, row.sender_id)
         return expired

@@ -2,10 +2,11 @@
 
 * Reminders and cron jobs that the agent creates live in APScheduler's `SQLAlchemyJobStore`
   (table `apscheduler_jobs`, same database as the sessions), so they survive restarts. The job
-  store is synchronous SQLAlchemy on the store's own driver (`gateway.store.db.sync_url`).
+  store is synchronous SQLAlchemy on the store's own driver (`gateway.config.sync_url`).
 * Stored jobs name importable functions (`gateway.jobs.scheduler:fire_reminder`) and carry plain
-  data; the gateway that runs them is found through a context variable that the executor sets,
-  never pickled. Several gateways in one process (tests) each run their own jobs.
+  data; the host that runs them (a `gateway.jobs.host.JobHost`, in practice the Gateway) is
+  found through a context variable that the executor sets, never pickled. Several gateways in
+  one process (tests) each run their own jobs.
 * Maintenance jobs come from `[scheduler]` in the config and are registered at every start in a
   memory job store, so a config change never leaves a stale job behind.
 * Only a leader fires jobs: `start()` opens the scheduler paused and resumes it once the
@@ -25,7 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequen
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import Any, Literal, cast
 from zoneinfo import ZoneInfo
 
 from apscheduler.executors.asyncio import AsyncIOExecutor
@@ -41,13 +42,10 @@ from sqlalchemy import Engine, create_engine, event, make_url
 
 from channels.base import ChatType, InboundMessage, OutboundMessage
 from context.types import Message
-from gateway.config import Config
+from gateway.config import Config, sync_url
 from gateway.inbound.lanes import LanesClosedError
+from gateway.jobs.host import JobHost
 from gateway.store import SessionInfo
-from gateway.store.db import sync_url
-
-if TYPE_CHECKING:
-    from gateway.app import Gateway
 
 log = logging.getLogger(__name__)
 
@@ -226,52 +224,58 @@ def new_job_id() -> str:
     return secrets.token_hex(5)
 
 
-# -- which gateway runs a job -----------------------------------------------------------------
+# -- which host runs a job --------------------------------------------------------------------
 
-_running_gateway: contextvars.ContextVar[Gateway] = contextvars.ContextVar("gatehouse_gateway")
+_running: contextvars.ContextVar[Scheduler] = contextvars.ContextVar("gatehouse_scheduler")
+"""The scheduler whose job runs in this context: it tracks the job and knows its host."""
 
 
 class NoGatewayError(RuntimeError):
     pass
 
 
-def current_gateway() -> Gateway:
+def current_host() -> JobHost:
+    """The host the running job works for (set by the executor, never stored with the job)."""
     try:
-        return _running_gateway.get()
+        host = _running.get().host
     except LookupError:
-        raise NoGatewayError("a scheduled job ran outside a running gateway") from None
+        host = None
+    if host is None:
+        raise NoGatewayError("a scheduled job ran outside a running gateway")
+    return host
 
 
 @contextlib.contextmanager
-def running_jobs_for(gateway: Gateway) -> Iterator[None]:
-    """Make `gateway` the one that job functions started inside this block work for."""
-    token = _running_gateway.set(gateway)
+def running_jobs_for(scheduler: Scheduler) -> Iterator[None]:
+    """Make `scheduler` (and its host) the one that job functions started inside this block
+    work for."""
+    token = _running.set(scheduler)
     try:
         yield
     finally:
-        _running_gateway.reset(token)
+        _running.reset(token)
 
 
-def job_started() -> Gateway:
-    """The gateway a job runs for; the job's task is tracked so a shutdown lets it finish."""
-    gateway = current_gateway()
+def job_started() -> JobHost:
+    """The host a job runs for; the job's task is tracked so a shutdown lets it finish."""
+    host = current_host()
     task = asyncio.current_task()
     if task is not None:
-        gateway.scheduler.track(task)
-    return gateway
+        _running.get().track(task)
+    return host
 
 
-class _GatewayExecutor(AsyncIOExecutor):  # type: ignore[misc]
-    """Runs job coroutines on the loop with the gateway in their context (tasks copy it)."""
+class _HostExecutor(AsyncIOExecutor):  # type: ignore[misc]
+    """Runs job coroutines on the loop with their scheduler in their context (tasks copy it)."""
 
-    def __init__(self, gateway: Gateway | None) -> None:
+    def __init__(self, owner: Scheduler) -> None:
         super().__init__()
-        self._gateway = gateway
+        self._owner = owner  # not `_scheduler`: the base class keeps APScheduler's there
 
     def submit_job(self, job: Job, run_times: list[datetime]) -> None:
-        if self._gateway is None:
+        if self._owner.host is None:
             raise NoGatewayError("this scheduler only manages jobs; it does not run them")
-        with running_jobs_for(self._gateway):
+        with running_jobs_for(self._owner):
             super().submit_job(job, run_times)
 
 
@@ -351,8 +355,13 @@ class Scheduler:
         """False in `gatehouse chat`: only `gatehouse run` fires jobs; chat just stores them."""
         self.running_jobs: set[asyncio.Task[Any]] = set()
         self._aps: _SerializedScheduler | None = None
-        self._gateway: Gateway | None = None
+        self._host: JobHost | None = None
         self._lead_task: asyncio.Task[None] | None = None
+
+    @property
+    def host(self) -> JobHost | None:
+        """What fired jobs work for; None when this scheduler only stores jobs."""
+        return self._host
 
     @property
     def started(self) -> bool:
@@ -366,14 +375,14 @@ class Scheduler:
         return self.write_lock or contextlib.nullcontext()
 
     async def start(
-        self, gateway: Gateway | None = None, maintenance: Sequence[MaintenanceJob] = ()
+        self, host: JobHost | None = None, maintenance: Sequence[MaintenanceJob] = ()
     ) -> None:
-        """Open the job store (paused). With a gateway that fires jobs, register the maintenance
+        """Open the job store (paused). With a host that fires jobs, register the maintenance
         jobs and fire everything once `leader` returns."""
         if self._aps is not None:
             return
-        fires = gateway is not None and self.fires_jobs
-        self._gateway = gateway if fires else None
+        fires = host is not None and self.fires_jobs
+        self._host = host if fires else None
         aps = _SerializedScheduler(
             self.write_lock,
             jobstores={
@@ -382,7 +391,7 @@ class Scheduler:
                 ),
                 MAINTENANCE_STORE: MemoryJobStore(),
             },
-            executors={"default": _GatewayExecutor(self._gateway)},
+            executors={"default": _HostExecutor(self)},
             job_defaults={
                 "misfire_grace_time": self.settings.misfire_grace_seconds,
                 "coalesce": self.settings.coalesce,
@@ -430,7 +439,7 @@ class Scheduler:
             self._lead_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._lead_task
-        if self._aps is not None and self._gateway is not None:
+        if self._aps is not None and self._host is not None:
             self._aps.pause()
             self._lead_task = asyncio.create_task(self._lead(), name="scheduler-leader")
 
@@ -516,8 +525,8 @@ class Scheduler:
         job = self._require().get_job(job_id, jobstore=MAINTENANCE_STORE)
         if job is None:
             raise KeyError(job_id)
-        assert self._gateway is not None
-        with running_jobs_for(self._gateway):
+        assert self._host is not None
+        with running_jobs_for(self):
             task = asyncio.create_task(job.func(), name=f"job:{job_id}")
         return await task
 
@@ -551,35 +560,35 @@ async def open_job_store(config: Config) -> AsyncIterator[Scheduler]:
 async def fire_reminder(spec: dict[str, Any]) -> None:
     """Post a reminder into the session and chat that asked for it, and keep it in the
     session's history (an assistant message) so the model knows it was said."""
-    gateway = job_started()
+    host = job_started()
     job = JobSpec.from_kwargs({"spec": spec})
     text = f"⏰ Reminder: {job.text}"
     if job.due is not None:
         late = datetime.now(UTC) - datetime.fromisoformat(job.due)
-        if late > timedelta(seconds=gateway.config.scheduler.misfire_grace_seconds):
+        if late > timedelta(seconds=host.config.scheduler.misfire_grace_seconds):
             text += f"\n(This was due at {job.due}; the gateway was not running then.)"
-    await post_to_session(gateway, job.session_key, job.target, text)
+    await post_to_session(host, job.session_key, job.target, text)
 
 
 async def fire_cron(spec: dict[str, Any]) -> None:
     """Run the job's prompt as an agent turn in its own session (`cron:<job id>`, a fresh
     context every run, history kept) and post the answer to the target chat. When the target
     is the chat that created the job, the answer is also kept in that chat's session."""
-    gateway = job_started()
+    host = job_started()
     job = JobSpec.from_kwargs({"spec": spec})
     job_id = job.job_id
     key = f"{CRON_SESSION_PREFIX}{job_id}"
     target = job.target
-    info = target.session_info(key, gateway.config.gateway.agent)
-    now = datetime.now(ZoneInfo(job.timezone or gateway.config.gateway.timezone))
+    info = target.session_info(key, host.config.gateway.agent)
+    now = datetime.now(ZoneInfo(job.timezone or host.config.gateway.timezone))
     prompt = (
         f"[Scheduled task {job_id}, {job.schedule} ({job.timezone}), running at "
         f"{now.isoformat(timespec='minutes')}. Your answer is posted to {target.describe()}.]\n"
         f"{job.text}"
     )
-    async with gateway.lanes.hold(key):
-        await gateway.runner.reset_session(key, f"new run of scheduled task {job_id}", flush=False)
-        await gateway.store.accept_inbound(
+    async with host.hold_lane(key):
+        await host.reset_session(key, f"new run of scheduled task {job_id}", flush=False)
+        await host.store.accept_inbound(
             info,
             InboundMessage(
                 platform=target.platform,
@@ -593,52 +602,52 @@ async def fire_cron(spec: dict[str, Any]) -> None:
             ),
         )
     try:
-        await gateway.lanes.run_now(key)
+        await host.run_turn_now(key)
     except LanesClosedError:
         log.info("scheduled task %s is stored and runs when the gateway starts again", job_id)
         return
     if not job.in_origin_chat or job.session_key.startswith(CRON_SESSION_PREFIX):
         return
-    session = await gateway.store.get_session(key)
+    session = await host.store.get_session(key)
     if session is None or session.id is None:
         return
     answer = next(
-        (m for m in reversed(await gateway.store.history(session.id))
+        (m for m in reversed(await host.store.history(session.id))
          if m.role == "assistant" and m.text and m.meta.get("status") is None),
         None,
     )
     if answer is not None:
         await store_in_session(
-            gateway, job.session_key, f"[Scheduled task {job_id}]\n{answer.text}"
+            host, job.session_key, f"[Scheduled task {job_id}]\n{answer.text}"
         )
 
 
 async def store_in_session(
-    gateway: Gateway, session_key: str, text: str, outbound: OutboundMessage | None = None
+    host: JobHost, session_key: str, text: str, outbound: OutboundMessage | None = None
 ) -> int | None:
     """Append an assistant message to a session's history, between turns; with `outbound`,
     also queue it for delivery and return its outbox id."""
-    session = await gateway.store.get_session(session_key)
+    session = await host.store.get_session(session_key)
     if session is None or session.id is None:
         log.warning("session %s is gone; not storing %r", session_key, text[:80])
         return None
     message = Message(role="assistant", content=text)
-    message = message.with_tokens(gateway.resolver.counter.count_message(message))
-    async with gateway.lanes.hold(session_key):
+    message = message.with_tokens(host.count_tokens(message))
+    async with host.hold_lane(session_key):
         if outbound is not None:
-            return await gateway.store.post_message(session.id, message, outbound)
-        await gateway.store.append_messages(session.id, [message])
+            return await host.store.post_message(session.id, message, outbound)
+        await host.store.append_messages(session.id, [message])
         return None
 
 
 async def post_to_session(
-    gateway: Gateway, session_key: str, target: ChatTarget, text: str
+    host: JobHost, session_key: str, target: ChatTarget, text: str
 ) -> None:
     """Store it in the session and the outbox at once, then deliver to the chat: a failed send
-    is tried again, and a crash before it is sent on the next start (gateway/turn/outbox.py)."""
-    if await gateway.store.get_session(session_key) is None:
-        await gateway.store.ensure_session(
-            target.session_info(session_key, gateway.config.gateway.agent)
+    is tried again, and a crash before it is sent on the next start (the outbox's recovery)."""
+    if await host.store.get_session(session_key) is None:
+        await host.store.ensure_session(
+            target.session_info(session_key, host.config.gateway.agent)
         )
     outbound = OutboundMessage(
         platform=target.platform,
@@ -648,6 +657,6 @@ async def post_to_session(
         session_key=session_key,
         account=target.account,
     )
-    outbox_id = await store_in_session(gateway, session_key, text, outbound)
+    outbox_id = await store_in_session(host, session_key, text, outbound)
     if outbox_id is not None:
-        await gateway.delivery.send(outbox_id, outbound)
+        await host.deliver_stored(outbox_id, outbound)

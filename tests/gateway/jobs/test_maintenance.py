@@ -22,7 +22,7 @@ from gateway.store import PairingRow, SessionRow
 from gateway.tools.memory import FLUSH_PROMPT
 from tests.conftest import MakeConfig, RunningGateway
 from tests.fakes import FakeOpenAI
-from tests.gateway.test_compaction_live import FILLER, is_summary_request, summarizer_and_echo
+from tests.helpers.llm_scripts import FILLER, is_summary_request, summarizer_and_echo
 
 ALICE = "agent:main:webchat:direct:alice"
 BOB = "agent:main:webchat:direct:bob"
@@ -88,8 +88,8 @@ async def test_idle_sessions_worth_it_are_compacted_once(make_config: MakeConfig
             assert compacted == [ALICE], "bob's tiny session is not worth a compaction"
             assert len(flush_requests(fake)) == 1, "the memory flush ran before compacting"
             shown = await show_session(gateway.config, ALICE)
-            assert shown is not None and shown["summary"]
-            assert shown["compactions"][0]["quality"]["reason"] == "idle"
+            assert shown is not None and shown.summary
+            assert shown.compactions[0].quality["reason"] == "idle"
 
             requests = len(fake.requests)
             await make_idle(gateway, 45)
@@ -152,16 +152,16 @@ async def test_daily_reset_starts_fresh_without_losing_anything(make_config: Mak
 
             shown = await show_session(gateway.config, ALICE, show_all=True)
             assert shown is not None
-            assert shown["messages"][0]["content"] == "my locker code is 4471-KX", "kept"
+            assert shown.messages[0].message.content == "my locker code is 4471-KX", "kept"
             hits = gateway.memory_index.search("4471-KX", corpus="transcripts")
             assert hits, "the reset text stays searchable for the agent"
         finally:
             await gateway.stop()
         undone = await uncompact_session(gateway.config, ALICE)
-        assert undone["undone"] is not None, "a reset can be undone like a compaction"
+        assert undone.undone is not None, "a reset can be undone like a compaction"
         shown = await show_session(gateway.config, ALICE)
-        assert shown is not None and shown["summary"] is None
-        assert shown["messages"][0]["content"] == "my locker code is 4471-KX"
+        assert shown is not None and shown.summary is None
+        assert shown.messages[0].message.content == "my locker code is 4471-KX"
 
 
 async def test_memory_index_refresh_picks_up_hand_edits(

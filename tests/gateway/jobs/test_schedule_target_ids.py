@@ -10,9 +10,7 @@ import pytest
 from tests.conftest import MakeConfig
 from tests.fakes import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram
-from tests.gateway.test_scheduler import call, ctx, start_gateway, telegram_config, tg
-
-__all__ = ["tg"]  # the fixture, used by name
+from tests.helpers.jobs import call, ctx, start_gateway, telegram_config
 
 
 @pytest.mark.parametrize(

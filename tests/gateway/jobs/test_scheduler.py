@@ -5,20 +5,15 @@ Bot API. Jobs are made due by moving their stored run time, never by sleeping fo
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
 
 from channels.telegram import TelegramChannel
 from gateway.app import Gateway
-from gateway.config import Config
 from gateway.jobs.scheduler import (
     CRON_SESSION_PREFIX,
-    USER_STORE,
     JobInfo,
     Scheduler,
     open_job_store,
@@ -28,58 +23,17 @@ from gateway.tools.registry import ToolContext
 from tests.conftest import MakeConfig
 from tests.fakes import FakeOpenAI, reply, tool_call
 from tests.fakes.telegram_server import FakeTelegram
-
-USER = 7
-KEY = f"agent:main:telegram:direct:{USER}"
-
-
-def _to(chat_id: int) -> Callable[[dict[str, Any]], bool]:
-    return lambda params: params.get("chat_id") == chat_id
-
-
-@pytest.fixture
-async def tg() -> AsyncIterator[FakeTelegram]:
-    async with FakeTelegram() as server:
-        yield server
-
-
-def telegram_config(make_config: MakeConfig, fake: FakeOpenAI, tg: FakeTelegram,
-                    **extra: Any) -> Config:
-    return make_config(
-        fake,
-        channels={"telegram": {"enabled": True, "token": tg.token, "base_url": tg.base_url,
-                               "dm_policy": "open"}},
-        **extra,
-    )
-
-
-async def start_gateway(config: Config) -> Gateway:
-    gateway = Gateway(config)
-    gateway.add_channel(TelegramChannel(config.channels.telegram))
-    await gateway.start()
-    return gateway
-
-
-async def make_due(gateway: Gateway, job_id: str, when: datetime | None = None) -> None:
-    """Move a stored job's next run to `when` (default: now) and let the scheduler look."""
-    aps = gateway.scheduler._require()
-    aps.modify_job(job_id, jobstore=USER_STORE, next_run_time=when or datetime.now(UTC))
-    aps.wakeup()
-
-
-def tool_results(body: dict[str, Any]) -> list[str]:
-    return [m["content"] for m in body["messages"] if m["role"] == "tool"]
-
-
-def ctx(session_key: str = KEY, chat_id: str = str(USER), tz: str = "Europe/Paris") -> ToolContext:
-    return ToolContext(session_key=session_key, timezone=tz, platform="telegram",
-                       chat_id=chat_id, chat_type="direct")
-
-
-async def call(gateway: Gateway, name: str, args: dict[str, Any], context: ToolContext) -> str:
-    result = await gateway.tools.call(name, json.dumps(args), context)
-    return result.content
-
+from tests.helpers.jobs import (
+    KEY,
+    USER,
+    call,
+    ctx,
+    make_due,
+    start_gateway,
+    telegram_config,
+    to_chat,
+    tool_results,
+)
 
 # -- reminders --------------------------------------------------------------------------------
 
@@ -94,7 +48,7 @@ async def test_reminder_from_the_agent_is_posted_in_the_chat_and_kept_in_history
             reply("Done: I will remind you."),
         )
         tg.private_message(USER, "remind me to stretch in a moment")
-        sent = await tg.wait_for_call("sendMessage", n=2, where=_to(USER))
+        sent = await tg.wait_for_call("sendMessage", n=2, where=to_chat(USER))
         assert sent[0]["text"] == "Done: I will remind you."
         assert sent[1]["text"] == "⏰ Reminder: stretch your legs"
         [result] = tool_results(fake_llm.requests[1])
@@ -109,7 +63,7 @@ async def test_reminder_from_the_agent_is_posted_in_the_chat_and_kept_in_history
 
         # The model knows it was said: the next turn's prompt carries it.
         tg.private_message(USER, "did you remind me?")
-        await tg.wait_for_call("sendMessage", n=3, where=_to(USER))
+        await tg.wait_for_call("sendMessage", n=3, where=to_chat(USER))
         sent_messages = fake_llm.requests[-1]["messages"]
         assert any(m["content"] == "⏰ Reminder: stretch your legs" for m in sent_messages)
     finally:
@@ -130,7 +84,7 @@ async def test_a_reminder_telegram_refused_is_sent_again(
                             {"text": "water the plants", "delay": "in 0.2 seconds"}, ctx())
         assert answer.startswith("Reminder ")
         tg.fail_next["sendMessage"] = (502, "Bad Gateway")
-        failed, resent = await tg.wait_for_call("sendMessage", n=2, where=_to(USER))
+        failed, resent = await tg.wait_for_call("sendMessage", n=2, where=to_chat(USER))
         assert failed["text"] == resent["text"] == "⏰ Reminder: water the plants"
         await asyncio.sleep(0.5)
         assert len(tg.calls_to("sendMessage")) == 2
@@ -150,7 +104,7 @@ async def test_tool_errors_are_clear_and_reach_the_model(
             reply("Sorry."),
         )
         tg.private_message(USER, "remind me yesterday, and every 61st minute")
-        await tg.wait_for_call("sendMessage", where=_to(USER))
+        await tg.wait_for_call("sendMessage", where=to_chat(USER))
         [past_error] = tool_results(fake_llm.requests[1])
         assert past_error.startswith("error: ") and "is in the past: it is now" in past_error
         cron_error = tool_results(fake_llm.requests[2])[-1]
@@ -229,7 +183,7 @@ async def test_cron_job_runs_an_isolated_turn_and_posts_the_answer(
             reply("Scheduled."),
         )
         tg.private_message(USER, "my secret word is PINEAPPLE; brief me at 9 on weekdays")
-        await tg.wait_for_call("sendMessage", where=_to(USER))
+        await tg.wait_for_call("sendMessage", where=to_chat(USER))
         [created] = tool_results(fake_llm.requests[1])
         assert "'0 9 * * 1-5' (America/New_York)" in created
         [job] = await gateway.scheduler.jobs()
@@ -241,7 +195,7 @@ async def test_cron_job_runs_an_isolated_turn_and_posts_the_answer(
         for run in (1, 2):
             fake_llm.script(reply(f"Briefing number {run}."))
             await make_due(gateway, job.id)
-            sent = await tg.wait_for_call("sendMessage", n=1 + run, where=_to(USER))
+            sent = await tg.wait_for_call("sendMessage", n=1 + run, where=to_chat(USER))
             await gateway.scheduler.join()
             assert sent[-1]["text"] == f"Briefing number {run}."
             body = fake_llm.requests[-1]
@@ -277,7 +231,7 @@ async def test_cron_result_goes_to_the_target_given(
         [job] = await gateway.scheduler.jobs()
         fake_llm.script(reply("all green"))
         await make_due(gateway, job.id)
-        [posted] = await tg.wait_for_call("sendMessage", where=_to(group))
+        [posted] = await tg.wait_for_call("sendMessage", where=to_chat(group))
         assert posted["text"] == "all green"
         assert tg.calls_to("sendMessage") == [posted], "nothing went to the creator's chat"
     finally:
@@ -303,7 +257,7 @@ async def test_jobs_survive_a_restart_and_a_missed_reminder_still_arrives(
 
     gateway = await start_gateway(config)
     try:
-        [late] = await tg.wait_for_call("sendMessage", where=_to(USER))
+        [late] = await tg.wait_for_call("sendMessage", where=to_chat(USER))
         assert late["text"].startswith("⏰ Reminder: take the cake out")
         assert "the gateway was not running then" in late["text"]
         [cron] = await gateway.scheduler.jobs()
@@ -325,7 +279,7 @@ async def test_missed_cron_runs_coalesce_into_one_and_past_grace_are_skipped(
         [job] = await gateway.scheduler.jobs()
         fake_llm.script(reply("tock"))
         await make_due(gateway, job.id, datetime.now(UTC) - timedelta(minutes=5))
-        [tock] = await tg.wait_for_call("sendMessage", where=_to(USER))
+        [tock] = await tg.wait_for_call("sendMessage", where=to_chat(USER))
         assert tock["text"] == "tock"
         await asyncio.sleep(0.3)
         assert len(tg.calls_to("sendMessage")) == 1, "five missed runs ran once (coalesced)"
@@ -363,7 +317,7 @@ async def test_only_the_leader_fires_jobs(
         await asyncio.sleep(0.3)
         assert tg.calls_to("sendMessage") == [], "a follower stores jobs but never fires them"
         elected.set()
-        [sent] = await tg.wait_for_call("sendMessage", where=_to(USER))
+        [sent] = await tg.wait_for_call("sendMessage", where=to_chat(USER))
         assert sent["text"] == "⏰ Reminder: soon"
         assert gateway.scheduler.leading
         await gateway.scheduler.step_down()
