@@ -523,7 +523,7 @@ def run_gatehouse(
         plan = gatehouse_turn(engine, counter, settings, history, turn.user, model)
         t1 = time.perf_counter_ns()
         times.append(t1 - t0)
-        tokens = plan.facts.get("tokens", {}).get("prompt")
+        tokens = plan.tokens.prompt if plan.tokens is not None else None
         # The runner stores every count in plan.counted under the message's id; a stored
         # message reported with a different count (a pruned copy) would overwrite its count.
         overwrites = sum(
@@ -536,8 +536,8 @@ def run_gatehouse(
                 "messages": len(plan.messages),
                 "tokens": tokens,
                 "tier": plan.tier.value,
-                "pruned_tool_results": plan.facts.get("pruned_tool_results"),
-                "dropped_turns": len(plan.facts.get("dropped_turns", [])),
+                "pruned_tool_results": plan.facts.pruned_tool_results if plan.facts else None,
+                "dropped_turns": len(plan.facts.dropped_turns or ()) if plan.facts else 0,
                 "counted": len(plan.counted),
                 "counted_overwrites": overwrites,
             }

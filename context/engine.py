@@ -2,7 +2,9 @@
 
 The runner owns all I/O: it loads the session, resolves the window, the counter and the history
 limit, and hands the engine messages and settings; the engine returns a plan (the prompt, and
-the facts that explain it). Engines are chosen by name through the
+the facts that explain it). Every context policy the runner applies — when to flush and compact,
+how large a tool result may be, which identifiers an archived message is found by — is asked of
+the engine, so an engine can change it. Engines are chosen by name through the
 `gatehouse.context_engines` entry points (`[context] engine = "default"`).
 
 The default engine's work per turn is proportional to what the prompt can hold, not to the
@@ -13,17 +15,23 @@ history limit or the budget is reached, using token counts cached on each messag
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 from context.budget import Budget, BudgetSettings, Tier, make_budget
 from context.compaction import CompactionResult, CompactionSettings, SummaryCall, split_recent
 from context.compaction import compact as run_compaction
 from context.history import SYSTEM_SOURCE, LimitResolution, choose_turns_to_drop, split_turns
-from context.pruning import clear_old_results, soft_trim_old_results
+from context.identifiers import extract_identifiers
+from context.pruning import (
+    cap_tool_output,
+    clear_old_results,
+    soft_trim_old_results,
+    tool_result_cap_chars,
+)
 from context.quality import IDEAL_COMPRESSION
 from context.tokens import TokenCounter, estimate_counter
-from context.types import Message
+from context.types import Identifier, Message
 from context.window import WindowResolution
 
 
@@ -42,6 +50,8 @@ class ContextSettings:
     tools_tokens: int = 0
     """Tokens of the tool schemas sent with every call."""
     keep_recent_tool_results: int = 3
+    tool_result_share: float = 0.3
+    """The share of the window one tool result may use (`[context] tool_result_share`)."""
     compaction: CompactionSettings | None = None
     """Compaction knobs; its `window` is replaced by the resolved window."""
 
@@ -76,12 +86,104 @@ class TurnContext:
 
 
 @dataclass(frozen=True, slots=True)
+class PlanTokens:
+    """What a plan's prompt costs, in tokens of the session's counter.
+
+    The totals cover everything the history limit lets through, before any overflow tier; the
+    parts (None when no prompt could be built) are what is actually sent.
+    """
+
+    local_total: int
+    calibrated_total: int
+    """`local_total` times the calibration ratio: what the thresholds are compared against."""
+    system: int | None = None
+    tools: int | None = None
+    summary: int | None = None
+    """The summary and the refresh block."""
+    history: int | None = None
+    incoming: int | None = None
+    sent_local: int | None = None
+    """The prompt sent, as counted locally (the provider's report calibrates against it)."""
+    prompt: int | None = None
+    """`sent_local` calibrated: the prompt's expected size at the provider."""
+
+    def to_dict(self) -> dict[str, int]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetLine:
+    """One row of the budget table `gatehouse context explain` prints."""
+
+    name: str
+    tokens: int
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class PlanFacts:
+    """Why a plan looks the way it does: the resolved settings, the budget and the counts."""
+
+    engine: str
+    model: str
+    window: int
+    window_source: str
+    window_warning: str | None
+    counter: str
+    counter_exact: bool
+    calibration_ratio: float
+    history_limit: int
+    history_limit_source: str
+    messages_before_limit: int
+    """Stored messages older than the history limit, not sent."""
+    budget: tuple[BudgetLine, ...]
+    tokens: PlanTokens
+    flush_threshold: int
+    compaction_threshold: int
+    to_flush: int
+    """Tokens until the memory flush is due (<= 0: due)."""
+    to_compaction: int
+    tier: Tier
+    pruned_tool_results: int = 0
+    dropped_turns: tuple[str, ...] | None = None
+    """What the overflow tier left out; None when no prompt could be built."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (`gatehouse context explain`, the admin page): keys in this order."""
+        out: dict[str, Any] = {
+            "engine": self.engine,
+            "model": self.model,
+            "window": self.window,
+            "window_source": self.window_source,
+            "window_warning": self.window_warning,
+            "counter": self.counter,
+            "counter_exact": self.counter_exact,
+            "calibration_ratio": self.calibration_ratio,
+            "history_limit": self.history_limit,
+            "history_limit_source": self.history_limit_source,
+            "messages_before_limit": self.messages_before_limit,
+            "budget": [asdict(line) for line in self.budget],
+            "tokens": self.tokens.to_dict(),
+            "flush_threshold": self.flush_threshold,
+            "compaction_threshold": self.compaction_threshold,
+            "to_flush": self.to_flush,
+            "to_compaction": self.to_compaction,
+            "tier": self.tier.value,
+            "pruned_tool_results": self.pruned_tool_results,
+        }
+        if self.dropped_turns is not None:
+            out["dropped_turns"] = list(self.dropped_turns)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
 class ContextPlan:
     """The prompt to send, and why it looks the way it does."""
 
     messages: list[Message]
     notes: tuple[str, ...] = ()
-    facts: dict[str, Any] = field(default_factory=dict)
+    facts: PlanFacts | None = None
+    """None when the engine keeps no budget (full history)."""
     tier: Tier = Tier.FITS
     error: str | None = None
     """Set when no prompt can be built (e.g. the new message alone exceeds the window)."""
@@ -92,9 +194,25 @@ class ContextPlan:
     def wants_compaction(self) -> bool:
         return self.tier in (Tier.COMPACT, Tier.COMPACT_THEN_DROP)
 
+    @property
+    def wants_flush(self) -> bool:
+        """The memory flush is due before this prompt is sent: at its threshold, or when
+        compaction is about to run."""
+        return (self.facts is not None and self.facts.to_flush <= 0) or self.wants_compaction
+
+    @property
+    def tokens(self) -> PlanTokens | None:
+        return self.facts.tokens if self.facts is not None else None
+
+    def facts_dict(self) -> dict[str, Any]:
+        """The facts as JSON-ready data ({} when the engine keeps none)."""
+        return self.facts.to_dict() if self.facts is not None else {}
+
 
 @runtime_checkable
 class ContextEngine(Protocol):
+    """Plans each prompt and compacts a session; the runner does the I/O around it."""
+
     name: str
 
     def assemble(self, turn: TurnContext) -> ContextPlan: ...
@@ -102,6 +220,39 @@ class ContextEngine(Protocol):
     async def compact(
         self, turn: TurnContext, summarize: SummaryCall, instructions: str = ""
     ) -> CompactionResult | None: ...
+
+    def compaction_threshold(self, settings: ContextSettings) -> int | None:
+        """The calibrated prompt size compaction aims to stay under (None: never compacts);
+        an automatic compaction that ends above it counts as ineffective."""
+        ...
+
+    def tool_result_limit(self, settings: ContextSettings) -> int:
+        """The most characters one tool result keeps when it is stored and sent."""
+        ...
+
+    def cap_tool_result(self, text: str, limit: int, artifact: str | None) -> str:
+        """`text` cut to `limit` characters; `artifact` is where the runner saved it whole
+        (None: it could not)."""
+        ...
+
+    def identifiers(self, text: str, custom_patterns: Sequence[str] = ()) -> list[Identifier]:
+        """The identifiers an archived message is found again by (secrets as their markers)."""
+        ...
+
+
+def capped_tool_result(text: str, limit: int, artifact: str | None) -> str:
+    """The live tool-result cap both built-in engines apply (`context.pruning`)."""
+    return cap_tool_output(text, limit, artifact=artifact).text
+
+
+def tool_result_chars(settings: ContextSettings) -> int:
+    """`tool_result_share` of the window, in characters: the built-in engines' per-result cap."""
+    return tool_result_cap_chars(settings.window.tokens, share=settings.tool_result_share)
+
+
+def archive_identifiers(text: str, custom_patterns: Sequence[str] = ()) -> list[Identifier]:
+    """Every identifier in `text` under the strict policy plus the custom patterns."""
+    return extract_identifiers([text], custom_patterns=custom_patterns)
 
 
 def drop_orphaned_tool_messages(messages: Sequence[Message]) -> list[Message]:
@@ -149,6 +300,18 @@ class FullHistoryEngine:
         self, turn: TurnContext, summarize: SummaryCall, instructions: str = ""
     ) -> CompactionResult | None:
         return None
+
+    def compaction_threshold(self, settings: ContextSettings) -> int | None:
+        return None
+
+    def tool_result_limit(self, settings: ContextSettings) -> int:
+        return tool_result_chars(settings)
+
+    def cap_tool_result(self, text: str, limit: int, artifact: str | None) -> str:
+        return capped_tool_result(text, limit, artifact)
+
+    def identifiers(self, text: str, custom_patterns: Sequence[str] = ()) -> list[Identifier]:
+        return archive_identifiers(text, custom_patterns)
 
 
 MIN_SUMMARY_TOKENS = 400
@@ -295,8 +458,6 @@ class DefaultContextEngine:
 
         local_total = fixed + acc + incoming_tokens
         total = round(local_total * ratio)
-        facts = self._facts(settings, budget, turn, start, local_total, total, tier)
-        facts["pruned_tool_results"] = pruned
 
         if round((fixed + incoming_tokens) * ratio) > budget.usable:
             error = (
@@ -304,6 +465,9 @@ class DefaultContextEngine:
                 f"is more than the {budget.usable:,} tokens usable of model "
                 f"{turn.model or settings.window.model!r}'s {budget.window:,}-token window "
                 f"({settings.window.source}). Please send it in smaller parts."
+            )
+            facts = self._facts(
+                settings, budget, turn, start, PlanTokens(local_total, total), tier, pruned
             )
             return ContextPlan([], tuple(notes), facts, tier, error, tuple(counted))
 
@@ -320,9 +484,10 @@ class DefaultContextEngine:
                 f"over budget ({tier.value}): {'; '.join(dropped_desc) or 'nothing'} dropped"
                 + (" to fit (compaction tier)" if tier is not Tier.DROP_OLDEST else "")
             )
-        facts["dropped_turns"] = dropped_desc
         sent_local = fixed + history_tokens + incoming_tokens
-        facts["tokens"].update(
+        sent = PlanTokens(
+            local_total,
+            total,
             system=system.tokens or 0,
             tools=settings.tools_tokens,
             summary=sum(m.tokens or 0 for m in head),
@@ -330,6 +495,9 @@ class DefaultContextEngine:
             incoming=incoming_tokens,
             sent_local=sent_local,
             prompt=round(sent_local * ratio),
+        )
+        facts = self._facts(
+            settings, budget, turn, start, sent, tier, pruned, tuple(dropped_desc)
         )
         body = drop_orphaned_tool_messages([*head, *kept, *incoming])
         return ContextPlan([system, *body], tuple(notes), facts, tier, None, tuple(counted))
@@ -402,32 +570,46 @@ class DefaultContextEngine:
         budget: Budget,
         turn: TurnContext,
         start: int,
-        local_total: int,
-        total: int,
+        tokens: PlanTokens,
         tier: Tier,
-    ) -> dict[str, Any]:
-        return {
-            "engine": self.name,
-            "model": turn.model or settings.window.model,
-            "window": settings.window.tokens,
-            "window_source": settings.window.source,
-            "window_warning": settings.window.warning,
-            "counter": settings.counter.name,
-            "counter_exact": settings.counter.exact,
-            "calibration_ratio": round(settings.calibration_ratio, 4),
-            "history_limit": settings.history_limit.limit,
-            "history_limit_source": settings.history_limit.source,
-            "messages_before_limit": start,
-            "budget": [
-                {"name": n, "tokens": t, "why": w} for n, t, w in budget.table()
-            ],
-            "tokens": {"local_total": local_total, "calibrated_total": total},
-            "flush_threshold": budget.flush_at,
-            "compaction_threshold": budget.compact_at,
-            "to_flush": budget.flush_at - total,
-            "to_compaction": budget.compact_at - total,
-            "tier": tier.value,
-        }
+        pruned: int,
+        dropped: tuple[str, ...] | None = None,
+    ) -> PlanFacts:
+        total = tokens.calibrated_total
+        return PlanFacts(
+            engine=self.name,
+            model=turn.model or settings.window.model,
+            window=settings.window.tokens,
+            window_source=settings.window.source,
+            window_warning=settings.window.warning,
+            counter=settings.counter.name,
+            counter_exact=settings.counter.exact,
+            calibration_ratio=round(settings.calibration_ratio, 4),
+            history_limit=settings.history_limit.limit,
+            history_limit_source=settings.history_limit.source,
+            messages_before_limit=start,
+            budget=tuple(BudgetLine(n, t, w) for n, t, w in budget.table()),
+            tokens=tokens,
+            flush_threshold=budget.flush_at,
+            compaction_threshold=budget.compact_at,
+            to_flush=budget.flush_at - total,
+            to_compaction=budget.compact_at - total,
+            tier=tier,
+            pruned_tool_results=pruned,
+            dropped_turns=dropped,
+        )
+
+    def compaction_threshold(self, settings: ContextSettings) -> int | None:
+        return make_budget(settings.window.tokens, settings.budget).compact_at
+
+    def tool_result_limit(self, settings: ContextSettings) -> int:
+        return tool_result_chars(settings)
+
+    def cap_tool_result(self, text: str, limit: int, artifact: str | None) -> str:
+        return capped_tool_result(text, limit, artifact)
+
+    def identifiers(self, text: str, custom_patterns: Sequence[str] = ()) -> list[Identifier]:
+        return archive_identifiers(text, custom_patterns)
 
     async def compact(
         self, turn: TurnContext, summarize: SummaryCall, instructions: str = ""
@@ -486,10 +668,13 @@ class DefaultContextEngine:
         while True:
             span = split_recent(messages, recent)
             plan = live(None, span.kept)
-            sent = int(plan.facts.get("tokens", {}).get("sent_local", usable_local))
-            kept_tokens = sent - int(plan.facts.get("tokens", {}).get("system", 0)) - (
-                settings.tools_tokens
-            )
+            tokens = plan.tokens
+            sent = usable_local
+            system_sent = 0
+            if tokens is not None:
+                sent = tokens.sent_local if tokens.sent_local is not None else usable_local
+                system_sent = tokens.system or 0
+            kept_tokens = sent - system_sent - settings.tools_tokens
             room = usable_local - sent - SUMMARY_MARGIN
             fits = plan.tier is Tier.FITS and room >= floor
             if recent <= 1 or (fits and (kept_tokens <= history_cap or room >= summary_cap)):
@@ -533,7 +718,7 @@ class DefaultContextEngine:
             return replace(result, tokens_before=tokens_before, tokens_after=tokens_before,
                            notes=tuple(notes))
         plan = live(result.summary, result.kept)
-        tokens_after = int(plan.facts.get("tokens", {}).get("prompt", 0))
+        tokens_after = (plan.tokens.prompt or 0) if plan.tokens is not None else 0
         refused: str | None = None
         if plan.tier is not Tier.FITS or plan.error:
             refused = (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 from collections.abc import Sequence
@@ -16,13 +17,17 @@ from channels.base import (
     InboundResult,
     OutboundMessage,
     PartlySent,
+    TypingChannel,
     platform_failure,
 )
+from context.compaction import CompactionResult
+from context.types import Message
 from gateway.config import Config
 from gateway.inbound.access import AccessPolicy
 from gateway.inbound.lanes import LanesClosedError, SessionLanes
 from gateway.inbound.session_keys import SessionKeyer
 from gateway.inbound.text import clean_inbound, clean_text, inbound_problem
+from gateway.jobs.host import PromptSize
 from gateway.jobs.leader import Leadership
 from gateway.jobs.maintenance import Maintenance
 from gateway.jobs.scheduler import Scheduler
@@ -31,7 +36,7 @@ from gateway.model.engines import load_engine
 from gateway.model.llm import NOT_CONFIGURED, LLMProvider
 from gateway.model.sizing import ContextResolver
 from gateway.model.summarizer import make_summary_call, summary_provider
-from gateway.store import SessionInfo, Store
+from gateway.store import CompactionRow, SessionInfo, SessionRow, Store
 from gateway.store.db import CONTEXT_STATUS
 from gateway.store.faults import storage_faults
 from gateway.tools.history import HistoryTools
@@ -40,8 +45,8 @@ from gateway.tools.registry import ToolRegistry, default_registry
 from gateway.tools.schedule import ScheduleTools
 from gateway.turn.outbox import SENT, Delivery, DeliveryLog, failure_text
 from gateway.turn.previews import Previews
-from gateway.turn.runner import Runner
-from memory.index import ArchivedMessage, MemoryIndex
+from gateway.turn.runner import Runner, TurnHooks, compaction_blocked_reason
+from memory.index import ArchivedMessage, MemoryIndex, RefreshStats
 from memory.workspace import ensure_workspace
 
 log = logging.getLogger(__name__)
@@ -74,6 +79,23 @@ class Gateway:
         for tool in HistoryTools(self.memory_index).tools():
             if tool.name not in self.tools.tools:
                 self.tools.register(tool)
+        self.metrics = GatewayMetrics()
+        self.delivery = DeliveryLog(
+            config.data_dir,
+            self.store,
+            resend=self.deliver,
+            max_attempts=config.gateway.delivery_attempts,
+        )
+        hooks = TurnHooks(
+            typing=self.typing,
+            previews=Previews(config.channels, self.channels, config.llm.stream),
+            delivery=self.delivery,
+            # Always: history_search must work after every compaction. `archive_transcripts`
+            # only decides whether memory_search may search the archive too (across sessions).
+            archive=self._archive,
+            on_turn=self.metrics.observe_turn,
+            on_compaction=self.metrics.observe_compaction,
+        )
         self.runner = Runner(
             config,
             self.store,
@@ -86,7 +108,10 @@ class Gateway:
             MemoryFlush(
                 self.llm, memory_only, self.store, config.gateway.timezone,
                 workspace=config.workspace,
+                on_flush=self.metrics.observe_flush,
+                on_notes=self.metrics.observe_flush_notes,
             ),
+            hooks,
         )
         self.lanes = SessionLanes(
             self.runner.run_turn,
@@ -101,26 +126,8 @@ class Gateway:
             for tool in ScheduleTools(self.scheduler, config).tools():
                 if tool.name not in self.tools.tools:
                     self.tools.register(tool)
-        self.metrics = GatewayMetrics()
         self.metrics.watch_lanes(self.lanes)
-        self.runner.on_turn = self.metrics.observe_turn
-        self.runner.on_compaction = self.metrics.observe_compaction
-        if self.runner.flush is not None:
-            self.runner.flush.on_flush = self.metrics.observe_flush
-            self.runner.flush.on_notes = self.metrics.observe_flush_notes
         self.access = AccessPolicy(config, self.store)
-        self.runner.typing = self.typing
-        self.runner.previews = Previews(config.channels, self.channels, config.llm.stream)
-        self.delivery = DeliveryLog(
-            config.data_dir,
-            self.store,
-            resend=self.deliver,
-            max_attempts=config.gateway.delivery_attempts,
-        )
-        self.runner.delivery = self.delivery
-        # Always: history_search must work after every compaction. `archive_transcripts` only
-        # decides whether memory_search may search the archive too (across sessions).
-        self.runner.archive = self._archive
         self._started = False
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -305,9 +312,8 @@ class Gateway:
 
     async def typing(self, platform: str, chat_id: str, thread_id: str | None) -> None:
         channel = self.channels.get(platform)
-        show = getattr(channel, "typing", None)
-        if show is not None and channel is not None and channel.capabilities.typing:
-            await show(chat_id, thread_id)
+        if isinstance(channel, TypingChannel) and channel.capabilities.typing:
+            await channel.typing(chat_id, thread_id)
 
     async def deliver(self, message: OutboundMessage) -> Delivery:
         """Send through the message's channel; what failed is logged and described."""
@@ -333,3 +339,49 @@ class Gateway:
             )
             return Delivery(False, parts, error)
         return SENT
+
+    # -- what scheduled jobs need (gateway.jobs.host: JobHost, MaintenanceHost) --------------
+
+    def hold_lane(self, session_key: str) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.lanes.hold(session_key)
+
+    async def reset_session(
+        self, session_key: str, why: str, *, flush: bool = True
+    ) -> CompactionRow | None:
+        return await self.runner.reset_session(session_key, why, flush=flush)
+
+    async def run_turn_now(self, session_key: str) -> None:
+        await self.lanes.run_now(session_key)
+
+    def count_tokens(self, message: Message) -> int:
+        return self.resolver.counter.count_message(message)
+
+    async def deliver_stored(self, outbox_id: int, message: OutboundMessage) -> None:
+        await self.delivery.send(outbox_id, message)
+
+    def compaction_blocked(self, session: SessionRow) -> str | None:
+        return compaction_blocked_reason(session, self.config.context.max_ineffective_compactions)
+
+    async def prompt_size(self, session: SessionRow) -> PromptSize | None:
+        """Assembled exactly as the next turn would be (no new messages), so an idle sweep
+        decides on the same count a turn compacts on."""
+        assert session.id is not None
+        view = await self.runner.view(session.id)
+        if not view.history:
+            return None
+        settings = self.runner.settings_for(session, None)
+        plan = self.engine.assemble(
+            self.runner.turn_context(session.key, view, 1 << 62, settings)
+        )
+        facts = plan.facts
+        if facts is None or not facts.compaction_threshold:
+            return None
+        return PromptSize(
+            tokens=facts.tokens.calibrated_total, compaction_threshold=facts.compaction_threshold
+        )
+
+    async def compact_idle(self, session_key: str) -> CompactionResult | None:
+        return await self.runner.compact_session(session_key, reason="idle")
+
+    async def refresh_memory_index(self) -> RefreshStats:
+        return await asyncio.to_thread(self.memory_index.refresh)

@@ -18,7 +18,7 @@ from prometheus_client import (
 
 from context.compaction import CompactionResult
 from gateway.inbound.lanes import SessionLanes
-from gateway.turn.runner import TurnStats
+from gateway.turn.stats import TurnStats
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 

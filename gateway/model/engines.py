@@ -1,13 +1,21 @@
-"""Context engines by name, through the `gatehouse.context_engines` entry points."""
+"""Context engines by name, through the `gatehouse.context_engines` entry points.
+
+The built-in engines are published as entry points too (pyproject.toml), and kept here as well
+so a source checkout that was never installed still finds them.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib.metadata import entry_points
 
 from context.engine import ContextEngine, DefaultContextEngine, FullHistoryEngine
 
 GROUP = "gatehouse.context_engines"
-_BUILTIN: dict[str, type] = {"default": DefaultContextEngine, "full-history": FullHistoryEngine}
+_BUILTIN: dict[str, Callable[[], ContextEngine]] = {
+    "default": DefaultContextEngine,
+    "full-history": FullHistoryEngine,
+}
 
 
 def available_engines() -> list[str]:
@@ -15,6 +23,8 @@ def available_engines() -> list[str]:
 
 
 def load_engine(name: str) -> ContextEngine:
+    """A new engine of that name: an installed entry point first, then a built-in one."""
+    engine: object
     for ep in entry_points(group=GROUP):
         if ep.name == name:
             engine = ep.load()()

@@ -194,6 +194,8 @@ class MemoryFlush:
         timezone: str,
         max_rounds: int = 4,
         workspace: Path | None = None,
+        on_flush: Callable[[bool], None] | None = None,
+        on_notes: Callable[[str, int], None] | None = None,
     ) -> None:
         self.llm = llm
         self.tools = tools
@@ -202,9 +204,9 @@ class MemoryFlush:
         self.max_rounds = max_rounds
         self.workspace = workspace
         """Where an extracted note goes (None: no extracted notes)."""
-        self.on_flush: Callable[[bool], None] | None = None
+        self.on_flush = on_flush
         """Told whether each flush succeeded (the gateway's metrics)."""
-        self.on_notes: Callable[[str, int], None] | None = None
+        self.on_notes = on_notes
         """Told how many notes each source wrote: ("model" | "extracted", count)."""
 
     @staticmethod

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from context.budget import BudgetSettings, Tier, make_budget
 from context.engine import (
+    ContextEngine,
+    ContextPlan,
     ContextSettings,
     DefaultContextEngine,
     FullHistoryEngine,
+    PlanFacts,
     TurnContext,
     drop_orphaned_tool_messages,
 )
@@ -51,7 +56,9 @@ def conversation(turns: int, tokens: int = 100, with_tools: bool = False) -> lis
     return out
 
 
-def assemble(history: list[Message], new: str = "now?", **kw: object) -> tuple[list[Message], object]:
+def assemble(
+    history: list[Message], new: str = "now?", **kw: object
+) -> tuple[list[Message], ContextPlan]:
     turn = TurnContext(
         session_key="k",
         system_prompt="You are terse.",
@@ -63,19 +70,30 @@ def assemble(history: list[Message], new: str = "now?", **kw: object) -> tuple[l
     return plan.messages, plan
 
 
+def facts(plan: ContextPlan) -> PlanFacts:
+    assert plan.facts is not None
+    return plan.facts
+
+
+def prompt_tokens(plan: ContextPlan) -> int:
+    prompt = facts(plan).tokens.prompt
+    assert prompt is not None
+    return prompt
+
+
 def test_everything_fits() -> None:
     history = conversation(5)
     messages, plan = assemble(history)
     assert [m.text for m in messages[1:]] == [m.text for m in history] + ["now?"]
-    assert plan.tier is Tier.FITS  # type: ignore[attr-defined]
-    assert plan.facts["history_limit_source"] == "[test] history_limit"  # type: ignore[attr-defined]
+    assert plan.tier is Tier.FITS
+    assert facts(plan).history_limit_source == "[test] history_limit"
 
 
 def test_history_limit_keeps_last_n_turns_and_the_current_message() -> None:
     messages, plan = assemble(conversation(10), limit=3)
     users = [m.text for m in messages if m.role == "user"]
     assert users == ["question 7", "question 8", "question 9", "now?"]
-    assert any("history limit" in n for n in plan.notes)  # type: ignore[attr-defined]
+    assert any("history limit" in n for n in plan.notes)
 
 
 def test_limit_never_orphans_tool_calls() -> None:
@@ -87,26 +105,26 @@ def test_small_overflow_drops_least_important_turns() -> None:
     # usable = 6,000 - 1,000 = 5,000; 26 turns x 2 x 100 = 5,200 + prompt: ~5 % over
     history = conversation(25)
     messages, plan = assemble(history, window=6_000)
-    assert plan.tier is Tier.DROP_OLDEST  # type: ignore[attr-defined]
-    assert plan.facts["tokens"]["prompt"] <= 5_000  # type: ignore[attr-defined]
+    assert plan.tier is Tier.DROP_OLDEST
+    assert prompt_tokens(plan) <= 5_000
     assert messages[-1].text == "now?"
-    assert plan.facts["dropped_turns"]  # type: ignore[attr-defined]
+    assert facts(plan).dropped_turns
 
 
 def test_large_overflow_is_a_compaction_tier_that_drops_oldest_for_now() -> None:
     messages, plan = assemble(conversation(100), window=6_000)
-    assert plan.tier is Tier.COMPACT_THEN_DROP  # type: ignore[attr-defined]
-    assert plan.wants_compaction  # type: ignore[attr-defined]
+    assert plan.tier is Tier.COMPACT_THEN_DROP
+    assert plan.wants_compaction
     kept_users = [m.text for m in messages if m.role == "user"]
     assert kept_users[-2:] == ["question 99", "now?"], "newest turns survive"
-    assert plan.facts["tokens"]["prompt"] <= 5_000  # type: ignore[attr-defined]
+    assert prompt_tokens(plan) <= 5_000
 
 
 def test_calibration_ratio_scales_the_total() -> None:
     _, plain = assemble(conversation(20))
     _, scaled = assemble(conversation(20), ratio=1.5)
-    assert scaled.facts["tokens"]["prompt"] == round(  # type: ignore[attr-defined]
-        plain.facts["tokens"]["prompt"] * 1.5  # type: ignore[attr-defined]
+    assert prompt_tokens(scaled) == round(
+        prompt_tokens(plain) * 1.5
     )
 
 
@@ -130,20 +148,20 @@ def test_old_tool_results_are_pruned_oldest_first_when_over_their_share() -> Non
     assert any("trimmed" in m.text for m in tools)
     usable = make_budget(200_000, ctx_settings().budget).usable
     assert sum(COUNTER.count_message(m) for m in tools) <= usable * 0.3
-    assert plan.facts["pruned_tool_results"] == whole.count(False)  # type: ignore[attr-defined]
+    assert facts(plan).pruned_tool_results == whole.count(False)
 
 
 def test_a_message_larger_than_the_window_is_refused_clearly() -> None:
     _, plan = assemble([], new="word " * 40_000, window=16_000)
-    assert plan.error and "smaller parts" in plan.error  # type: ignore[attr-defined]
-    assert plan.messages == []  # type: ignore[attr-defined]
+    assert plan.error and "smaller parts" in plan.error
+    assert plan.messages == []
 
 
 def test_counts_are_computed_once_and_reported_for_caching() -> None:
     history = [Message(role="user", content="hello", seq=1), Message(role="assistant", content="hi", seq=2)]
     _, plan = assemble(history)
-    assert {m.seq for m in plan.counted} == {1, 2, 10_000}  # type: ignore[attr-defined]
-    assert all(m.tokens for m in plan.counted)  # type: ignore[attr-defined]
+    assert {m.seq for m in plan.counted} == {1, 2, 10_000}
+    assert all(m.tokens for m in plan.counted)
 
 
 def test_full_history_engine_sends_everything() -> None:
@@ -198,7 +216,7 @@ def test_properties_budget_pairs_latest(
     usable = make_budget(window, s.budget).usable
     assert plan.error is None
     # 1. never over window - reserve
-    assert plan.facts["tokens"]["prompt"] <= usable
+    assert prompt_tokens(plan) <= usable
     # 2. tool calls and results stay paired
     assert drop_orphaned_tool_messages(plan.messages) == plan.messages
     calls = {c.id for m in plan.messages for c in m.tool_calls}
@@ -209,3 +227,90 @@ def test_properties_budget_pairs_latest(
     # 4. what is kept is a suffix of whole turns, in order
     kept_seqs = [m.seq for m in plan.messages if m.seq is not None]
     assert kept_seqs == sorted(kept_seqs)
+
+
+# -- the plan's facts and the engine's policies ------------------------------------------------
+
+
+def test_facts_dict_is_the_explain_json_in_its_order() -> None:
+    history = conversation(25)
+    _, plan = assemble(history, window=6_000)
+    data = plan.facts_dict()
+    assert list(data) == [
+        "engine", "model", "window", "window_source", "window_warning", "counter",
+        "counter_exact", "calibration_ratio", "history_limit", "history_limit_source",
+        "messages_before_limit", "budget", "tokens", "flush_threshold", "compaction_threshold",
+        "to_flush", "to_compaction", "tier", "pruned_tool_results", "dropped_turns",
+    ]
+    assert list(data["tokens"]) == [
+        "local_total", "calibrated_total", "system", "tools", "summary", "history", "incoming",
+        "sent_local", "prompt",
+    ]
+    assert data["tier"] == "drop-oldest" and isinstance(data["dropped_turns"], list)
+    assert data["budget"][0] == {"name": "window", "tokens": 6_000, "why": "effective context window"}
+    assert data["to_flush"] == data["flush_threshold"] - data["tokens"]["calibrated_total"]
+
+
+def test_a_refused_plan_has_totals_but_no_sent_parts() -> None:
+    _, plan = assemble([], new="word " * 40_000, window=16_000)
+    data = plan.facts_dict()
+    assert list(data["tokens"]) == ["local_total", "calibrated_total"]
+    assert "dropped_turns" not in data
+    assert plan.tokens is not None and plan.tokens.sent_local is None
+
+
+def test_the_flush_is_due_at_its_threshold_or_with_compaction() -> None:
+    _, roomy = assemble(conversation(5))
+    assert not roomy.wants_flush
+    budget = BudgetSettings(reserve_tokens=1_000, max_output_tokens=500, flush_soft_tokens=4_000)
+    near = ENGINE.assemble(
+        TurnContext(
+            "k", "sys", conversation(12), [Message(role="user", content="now?")],
+            settings=ContextSettings(
+                window=WindowResolution(tokens=6_000, source="test"), counter=COUNTER,
+                budget=budget,
+            ),
+        )
+    )
+    assert near.tier is Tier.FITS and facts(near).to_flush <= 0 and near.wants_flush
+    _, over = assemble(conversation(100), window=6_000)
+    assert over.wants_compaction and over.wants_flush
+
+
+def test_the_full_history_engine_keeps_no_facts_and_never_compacts() -> None:
+    engine = FullHistoryEngine()
+    plan = engine.assemble(TurnContext("k", "sys", conversation(3), []))
+    assert plan.facts is None and plan.tokens is None and plan.facts_dict() == {}
+    assert not plan.wants_flush
+    assert engine.compaction_threshold(ctx_settings()) is None
+
+
+def test_both_engines_implement_the_protocol() -> None:
+    assert isinstance(ENGINE, ContextEngine)
+    assert isinstance(FullHistoryEngine(), ContextEngine)
+
+
+def test_compaction_threshold_is_the_budgets() -> None:
+    s = ctx_settings(window=50_000)
+    assert ENGINE.compaction_threshold(s) == make_budget(50_000, s.budget).compact_at
+
+
+def test_tool_results_are_capped_to_a_share_of_the_window() -> None:
+    s = replace(ctx_settings(window=10_000), tool_result_share=0.5)
+    for engine in (ENGINE, FullHistoryEngine()):
+        limit = engine.tool_result_limit(s)
+        assert limit == 10_000 * 0.5 * 4
+        capped = engine.cap_tool_result("line\n" * 10_000, limit, "artifacts/a.txt")
+        assert len(capped) <= limit and "full output saved to artifacts/a.txt" in capped
+        assert "full output not saved" in engine.cap_tool_result("x" * 50_000, limit, None)
+
+
+def test_archive_identifiers_include_custom_patterns_and_mark_secrets() -> None:
+    key = "sk-" + "proj-" + "Q7fZ2kLm9XwR4tYp8VbN3cHd6JgS1aEu5"
+    text = f"deploy TICKET-42 to db01.internal.example.com with key {key}"
+    found = ENGINE.identifiers(text, [r"TICKET-\d+"])
+    values = {i.value for i in found}
+    assert "TICKET-42" in values and "db01.internal.example.com" in values
+    secrets = [i for i in found if i.secret]
+    assert secrets and all(key not in i.value for i in found), "a secret only as its marker"
+    assert FullHistoryEngine().identifiers(text, [r"TICKET-\d+"]) == found

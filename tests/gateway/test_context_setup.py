@@ -39,14 +39,14 @@ async def test_per_user_dm_limit_beats_platform_default(
         await rg.ask("again", user="vip")
         assert users_sent(fake_llm) == ["m4", "again"]
         facts = await explain_session(config, "agent:main:webchat:direct:vip", fetch_metadata=False)
-        assert facts is not None
-        assert facts["history_limit"] == 1
-        assert facts["history_limit_source"] == '[channels.webchat.dms."vip"] history_limit'
+        assert facts is not None and facts.plan is not None
+        assert facts.plan.history_limit == 1
+        assert facts.plan.history_limit_source == '[channels.webchat.dms."vip"] history_limit'
         facts = await explain_session(
             config, "agent:main:webchat:direct:pleb", fetch_metadata=False
         )
-        assert facts is not None
-        assert facts["history_limit_source"] == "[channels.webchat] dm_history_limit"
+        assert facts is not None and facts.plan is not None
+        assert facts.plan.history_limit_source == "[channels.webchat] dm_history_limit"
     finally:
         await rg.gateway.stop()
 
@@ -65,13 +65,14 @@ async def test_window_and_counter_are_explained(
         facts = await explain_session(
             config, "agent:main:webchat:direct:tester", fetch_metadata=False
         )
-        assert facts is not None
-        assert facts["window"] == 50_000
-        assert "capped by [agent] max_context_tokens" in facts["window_source"]
-        assert facts["counter"].startswith("tiktoken:")
-        assert facts["compaction_threshold"] == 50_000 - 12_500
-        assert facts["to_compaction"] == facts["compaction_threshold"] - facts["tokens"]["prompt"]
-        assert "calibration" in facts and "provider report" in facts["calibration"]
+        assert facts is not None and facts.plan is not None
+        plan = facts.plan
+        assert plan.window == 50_000
+        assert "capped by [agent] max_context_tokens" in plan.window_source
+        assert plan.counter.startswith("tiktoken:")
+        assert plan.compaction_threshold == 50_000 - 12_500
+        assert plan.to_compaction == plan.compaction_threshold - (plan.tokens.prompt or 0)
+        assert "provider report" in facts.calibration
     finally:
         await rg.gateway.stop()
 
@@ -85,7 +86,7 @@ async def test_server_reported_window_is_used(make_config: MakeConfig) -> None:
             await rg.ask("hi")
             facts = await explain_session(config, "agent:main:webchat:direct:tester")
             assert facts is not None
-            facts_holder.update(facts)
+            facts_holder.update(facts.to_json())
         finally:
             await rg.gateway.stop()
     assert facts_holder["window"] == 40_000

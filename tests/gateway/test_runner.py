@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
+from channels.base import InboundMessage, OutboundMessage
+from context.engine import DefaultContextEngine
 from gateway.app import Gateway
-from gateway.model.llm import NOT_CONFIGURED
+from gateway.model.llm import NOT_CONFIGURED, LLMProvider
+from gateway.model.sizing import ContextResolver
+from gateway.model.summarizer import make_summary_call
+from gateway.store import SessionInfo, Store
+from gateway.tools.registry import ToolRegistry
+from gateway.turn.outbox import SENT, Delivery
+from gateway.turn.runner import Runner, TurnHooks
+from gateway.turn.stats import TurnStats
 from tests.conftest import MakeConfig, RunningGateway
 from tests.fakes import (
     FakeOpenAI,
+    Reply,
     context_overflow,
     error,
+    fn,
     hang,
     malformed,
     rate_limited,
@@ -235,3 +247,49 @@ async def test_interrupted_turn_resumes_after_restart(
     assert delivered == ["here you go"]
     assert fake_llm.requests[0]["messages"][-1]["content"] == "don't lose me"
     await gateway2.stop()
+
+
+async def test_a_runner_gets_its_collaborators_when_it_is_built(
+    fake_llm: FakeOpenAI, make_config: MakeConfig
+) -> None:
+    """No Gateway: the runner alone, with what it reports to and sends through handed in."""
+    config = make_config(fake_llm, gateway={"typing_delay_ms": 0})
+    store = Store(config.database_url)
+    await store.init()
+    llm = LLMProvider(config.llm)
+    resolver = ContextResolver(config, llm)
+    sent: list[OutboundMessage] = []
+    typing: list[str] = []
+    turns: list[TurnStats] = []
+
+    async def deliver(message: OutboundMessage) -> Delivery:
+        sent.append(message)
+        return SENT
+
+    async def show_typing(platform: str, chat_id: str, thread_id: str | None) -> None:
+        typing.append(chat_id)
+
+    async def slow(body: dict[str, Any]) -> Reply:
+        await asyncio.sleep(0.05)  # long enough for the typing indicator
+        return reply("built, not patched")
+
+    runner = Runner(
+        config, store, DefaultContextEngine(), llm, ToolRegistry(), deliver, resolver,
+        make_summary_call(config, llm),
+        hooks=TurnHooks(typing=show_typing, on_turn=turns.append),
+    )
+    info = SessionInfo(key="k", platform="webchat", chat_type="direct", chat_id="dana")
+    message = InboundMessage(
+        platform="webchat", chat_type="direct", chat_id="dana", sender_id="dana", text="hi"
+    )
+    try:
+        await store.accept_inbound(info, message)
+        fake_llm.script(fn(slow))
+        await runner.run_turn("k")
+    finally:
+        await llm.close()
+        await store.close()
+    assert [m.text for m in sent] == ["built, not patched"]
+    assert typing == ["dana"]
+    assert [(t.session_key, t.error) for t in turns] == [("k", None)]
+    assert turns[0].window is not None and turns[0].local_prompt_tokens
