@@ -27,7 +27,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from tests.e2e.kill_restart import run_trial
+from tests.helpers.kill_restart import run_trial
 
 COLUMNS = (
     ("trial", "trial"),

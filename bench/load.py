@@ -25,7 +25,7 @@ import tempfile
 from rich.console import Console
 from rich.table import Table
 
-from tests.e2e.telegram_load import run_load
+from tests.helpers.telegram_load import run_load
 
 ROWS = (
     ("sessions", "sessions", ""),

@@ -12,9 +12,9 @@ from playwright.async_api import async_playwright
 from gateway.app import Gateway
 from gateway.web.server import WebServer, build_app
 from tests.conftest import MakeConfig, RunningGateway
-from tests.e2e.test_webchat_browser import ARGS, CHROMIUM
 from tests.fakes import FakeOpenAI
-from tests.gateway.test_memory_flush import FILLER, scripted
+from tests.helpers.browser import ARGS, CHROMIUM
+from tests.helpers.llm_scripts import FILLER, scripted
 
 TOKEN = "browser-admin-token-42"
 KEY = "agent:main:webchat:direct:"

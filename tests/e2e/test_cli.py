@@ -4,44 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import sys
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 from tests.fakes import FakeOpenAI, reply
-
-GATEHOUSE = str(Path(sys.executable).parent / "gatehouse")
-
-
-def write_config(tmp_path: Path, fake: FakeOpenAI | None, extra: str = "") -> Path:
-    llm = (
-        f'[llm]\nbase_url = "{fake.base_url}"\napi_key = "${{TEST_LLM_KEY}}"\nmodel = "fake-model"\n'
-        if fake
-        else ""
-    )
-    path = tmp_path / "gatehouse.toml"
-    path.write_text(
-        f'[gateway]\ndata_dir = "data"\n[web]\nport = 0\n{llm}{extra}', encoding="utf-8"
-    )
-    return path
-
-
-def env() -> dict[str, str]:
-    return {**os.environ, "TEST_LLM_KEY": "sk-test", "GATEHOUSE_CONFIG": ""}
-
-
-async def run_cli(*args: str, cwd: Path) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        GATEHOUSE, *args, cwd=cwd, env=env(),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+from tests.helpers.cli import GATEHOUSE, env, in_process, run_cli, write_config
 
 
 async def test_run_serves_webchat_and_stops_cleanly(tmp_path: Path, fake_llm: FakeOpenAI) -> None:
@@ -141,7 +111,6 @@ async def test_with_the_bundled_model_explain_shows_its_window_not_the_default_m
     import gateway.model.local_model as local_model
     from gateway.config import load_config
     from gateway.store import SessionInfo, Store
-    from tests.e2e.test_jobs_cli import in_process
 
     path = write_config(tmp_path, None)
     key = "agent:main:webchat:direct:ann"

@@ -13,8 +13,7 @@ import pytest
 from gateway.config import parse_config
 from gateway.doctor import redacted_url
 from gateway.logging_setup import config_secrets
-from tests.e2e.test_cli import run_cli
-from tests.e2e.test_jobs_cli import in_process
+from tests.helpers.cli import in_process, run_cli
 
 SECRET = "EnvSecretXy"  # from ${ADM}: 11 characters, too short for an admin token
 PASSWORD = "Sup3rSecretPw"

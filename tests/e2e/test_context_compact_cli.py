@@ -10,9 +10,8 @@ from typing import Any
 
 from context.budget import BudgetSettings, make_budget
 from gateway.model.tokenizer import load_counter
-from tests.e2e.test_cli import write_config
-from tests.e2e.test_jobs_cli import in_process
 from tests.fakes import FakeOpenAI, reply
+from tests.helpers.cli import in_process, write_config
 
 RED_LINE = "Never restart the primary during business hours."
 

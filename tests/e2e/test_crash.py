@@ -11,7 +11,9 @@ import asyncio
 import signal
 from pathlib import Path
 
-from tests.e2e.kill_restart import (
+from tests.fakes import FakeOpenAI
+from tests.fakes.telegram_server import FakeTelegram
+from tests.helpers.kill_restart import (
     FIRST_USER,
     ack_turn,
     run_trial,
@@ -20,8 +22,6 @@ from tests.e2e.kill_restart import (
     undelivered_replies,
     write_config,
 )
-from tests.fakes import FakeOpenAI
-from tests.fakes.telegram_server import FakeTelegram
 
 
 async def test_sigkill_mid_burst_then_restart_answers_every_message_once(tmp_path: Path) -> None:

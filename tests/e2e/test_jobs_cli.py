@@ -3,33 +3,11 @@ cancelled offline, straight from the database's job store."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 from pathlib import Path
 
-from typer.testing import CliRunner
-
-from gateway.cli import app
-from tests.e2e.test_cli import run_cli, write_config
 from tests.fakes import FakeOpenAI, reply, tool_call
-
-
-async def in_process(config: Path, *args: str) -> tuple[int, str, str]:
-    """The CLI in this process (a thread: the command runs its own event loop). The command
-    sets up logging for a process of its own; the test process's logging is put back after."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    runner = CliRunner()
-    try:
-        result = await asyncio.to_thread(
-            runner.invoke, app, ["--config", str(config), *args],
-            env={"COLUMNS": "200", "TEST_LLM_KEY": "sk-test"},
-        )
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
-    return result.exit_code, result.stdout, result.stderr
+from tests.helpers.cli import in_process, run_cli, write_config
 
 
 async def test_jobs_made_in_chat_are_listed_and_cancelled_offline(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.e2e.telegram_load import run_load
+from tests.helpers.telegram_load import run_load
 
 
 async def test_fifty_sessions_at_once_lose_nothing_and_keep_order(tmp_path: Path) -> None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.e2e.test_cli import run_cli, write_config
 from tests.fakes import FakeOpenAI, reply
-from tests.gateway.test_compaction_live import summarizer_and_echo
+from tests.helpers.cli import run_cli, write_config
+from tests.helpers.llm_scripts import summarizer_and_echo
 
 
 async def test_doctor_is_green_against_a_live_endpoint_and_red_when_it_is_down(

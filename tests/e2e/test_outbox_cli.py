@@ -8,9 +8,8 @@ from pathlib import Path
 from context.types import Message
 from gateway.config import load_config
 from gateway.store import SessionInfo, Store, TurnUsage
-from tests.e2e.test_cli import write_config
-from tests.e2e.test_jobs_cli import in_process
-from tests.gateway.test_outbox import reply_to
+from tests.helpers.cli import in_process, write_config
+from tests.helpers.outbox import reply_to
 
 
 async def stored_replies(config: Path) -> list[int]:

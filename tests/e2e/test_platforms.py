@@ -6,9 +6,9 @@ import asyncio
 import signal
 from pathlib import Path
 
-from tests.e2e.test_cli import GATEHOUSE, env
 from tests.fakes import FakeOpenAI, reply
 from tests.fakes.telegram_server import FakeTelegram
+from tests.helpers.cli import GATEHOUSE, env
 
 
 async def test_telegram_pairing_then_answer_through_gatehouse_run(

@@ -19,11 +19,11 @@ from typing import Any
 
 import aiohttp
 
-from tests.e2e.test_cli import GATEHOUSE, env
 from tests.fakes import FakeOpenAI, Reply
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.slack_server import FakeSlack, event_callback, im_message, signed_headers
 from tests.fakes.telegram_server import FakeTelegram
+from tests.helpers.cli import GATEHOUSE, env
 from tests.postgres import ThrowawayPostgres
 
 SECRET = "webhook-secret-1"

@@ -7,9 +7,9 @@ import asyncio
 import signal
 from pathlib import Path
 
-from tests.e2e.kill_restart import start_gateway, write_config
 from tests.fakes import FakeOpenAI, error
 from tests.fakes.telegram_server import FakeTelegram
+from tests.helpers.kill_restart import start_gateway, write_config
 
 API_KEY = "sk-live-proxy-Qw3rTy7uI9oP1aS2dF4gH6jK"
 BOT_TOKEN = "7212345678:AAHk3v9QxYp2Lm8Rt4Zs1Wn6Bc0Df5Gh7Jk"

@@ -21,9 +21,8 @@ from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.web.server import WebServer, build_app
 from tests.conftest import RunningGateway
-from tests.e2e.test_cli import run_cli
-from tests.e2e.test_jobs_cli import in_process
 from tests.fakes import FakeOpenAI, reply
+from tests.helpers.cli import in_process, run_cli
 
 
 def config_file(tmp_path: Path, data_dir: str = "data", fake: FakeOpenAI | None = None) -> Path:

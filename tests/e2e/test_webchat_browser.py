@@ -11,12 +11,7 @@ from playwright.async_api import async_playwright
 from gateway.web.server import WebServer, build_app
 from tests.conftest import RunningGateway
 from tests.fakes import FakeOpenAI, reply
-
-CHROMIUM = "/usr/bin/chromium"  # Debian's package; `make test` installs it when missing
-ARGS = [
-    "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync",
-]
+from tests.helpers.browser import ARGS, CHROMIUM
 
 
 @pytest.fixture

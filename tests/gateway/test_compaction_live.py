@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from context.compaction import REFERENCE_HEADER
@@ -10,26 +9,7 @@ from gateway.app import Gateway
 from gateway.operations import show_session, uncompact_session
 from tests.conftest import MakeConfig, RunningGateway
 from tests.fakes import FakeOpenAI, context_overflow, echo, reply
-
-KEY = "agent:main:webchat:direct:tester"
-FILLER = " ".join(f"word{i}" for i in range(900))  # ~1,800 tokens per message
-
-
-def is_summary_request(body: dict[str, Any]) -> bool:
-    system = body["messages"][0]["content"] or ""
-    return system.startswith(("You compress part of", "You merge partial summaries"))
-
-
-def summarizer_and_echo(body: dict[str, Any]) -> Any:
-    if not is_summary_request(body):
-        return echo(body)
-    text = body["messages"][-1]["content"]
-    ids = re.findall(r"`([^`]+)`", text)
-    return reply(
-        "## Decisions\n- Ship on Monday.\n## Open TODOs\n- Write the changelog.\n"
-        "## Constraints/Rules\n- none\n## Pending user asks\n- ticket ORD-1042 status question\n"
-        "## Exact identifiers\n" + "\n".join(f"- `{i}`" for i in ids[:1])
-    )
+from tests.helpers.llm_scripts import FILLER, KEY, is_summary_request, summarizer_and_echo
 
 
 async def start(make_config: MakeConfig, fake: FakeOpenAI, **extra: Any) -> RunningGateway:
@@ -70,9 +50,9 @@ async def test_long_chat_triggers_compaction_and_the_next_call_carries_it(
             assert len(users) >= 2, "recent turns are kept verbatim"
             shown = await show_session(rg.gateway.config, KEY, show_all=True)
             assert shown is not None
-            assert shown["messages"][0]["content"].startswith("Remember ticket ORD-1042")
-            assert shown["messages"][0]["compacted"] is True
-            assert shown["compactions"][0]["quality"]["identifier_retention"] == 1.0
+            assert shown.messages[0].message.text.startswith("Remember ticket ORD-1042")
+            assert shown.messages[0].compacted is True
+            assert shown.compactions[0].quality["identifier_retention"] == 1.0
         finally:
             await rg.gateway.stop()
 
@@ -88,7 +68,7 @@ async def test_compact_command_and_uncompact(make_config: MakeConfig) -> None:
             merge = [b for b in fake.requests if is_summary_request(b)][-1]
             assert "keep the order numbers" in merge["messages"][-1]["content"]
             shown = await show_session(rg.gateway.config, KEY)
-            assert shown is not None and shown["summary"]
+            assert shown is not None and shown.summary
             assert all(m["content"] != "/compact keep the order numbers" for m in
                        chat_requests(fake)[-1]["messages"])
             await rg.ask("after compaction")
@@ -97,10 +77,10 @@ async def test_compact_command_and_uncompact(make_config: MakeConfig) -> None:
         finally:
             await rg.gateway.stop()
         undone = await uncompact_session(rg.gateway.config, KEY)
-        assert undone["undone"] is not None
+        assert undone.undone is not None
         shown = await show_session(rg.gateway.config, KEY)
-        assert shown is not None and shown["summary"] is None
-        assert shown["messages"][0]["content"].startswith("note 0: ORD-2000 word0")
+        assert shown is not None and shown.summary is None
+        assert shown.messages[0].message.text.startswith("note 0: ORD-2000 word0")
 
 
 async def test_compact_that_would_not_shrink_the_prompt_is_refused(make_config: MakeConfig) -> None:
@@ -113,8 +93,8 @@ async def test_compact_that_would_not_shrink_the_prompt_is_refused(make_config: 
             assert answer.startswith("Not compacted: the compacted prompt")
             assert "would not be smaller" in answer
             shown = await show_session(rg.gateway.config, KEY)
-            assert shown is not None and shown["summary"] is None
-            assert shown["messages"][0]["content"] == "note 0"
+            assert shown is not None and shown.summary is None
+            assert shown.messages[0].message.content == "note 0"
         finally:
             await rg.gateway.stop()
 

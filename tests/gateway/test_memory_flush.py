@@ -3,44 +3,13 @@
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from gateway.app import Gateway
 from memory.agents_md import POST_COMPACTION_HEADER
 from tests.conftest import MakeConfig, RunningGateway
-from tests.fakes import FakeOpenAI, context_overflow, echo, error, reply, tool_call
-
-KEY = "agent:main:webchat:direct:tester"
-FILLER = " ".join(f"word{i}" for i in range(900))  # ~1,800 tokens per message
-
-
-def kind(body: dict[str, Any]) -> str:
-    first = body["messages"][0]["content"] or ""
-    last = body["messages"][-1]
-    if first.startswith(("You compress part of", "You merge partial summaries")):
-        return "summary"
-    if last["role"] == "user" and (last["content"] or "").startswith("[Memory flush"):
-        return "flush"
-    if last["role"] == "tool" and last.get("name") == "memory_write":
-        return "flush-after-write"
-    return "chat"
-
-
-def scripted(body: dict[str, Any]) -> Any:
-    k = kind(body)
-    if k == "summary":
-        ids = re.findall(r"`([^`]+)`", body["messages"][-1]["content"])
-        return reply(
-            "## Decisions\n- none\n## Open TODOs\n- none\n## Constraints/Rules\n- none\n"
-            "## Pending user asks\n- the latest question\n## Exact identifiers\n"
-            + "\n".join(f"- `{i}`" for i in ids[:3])
-        )
-    if k == "flush":
-        return tool_call("memory_write", {"text": "User prefers deploys on Monday. Ticket ORD-77."})
-    if k == "flush-after-write":
-        return reply("NO_REPLY")
-    return echo(body)
+from tests.fakes import FakeOpenAI, context_overflow, error, reply, tool_call
+from tests.helpers.llm_scripts import FILLER, KEY, kind, scripted
 
 
 async def start(make_config: MakeConfig, fake: FakeOpenAI, window: int = 16_000) -> RunningGateway:

@@ -11,7 +11,7 @@ from gateway.app import Gateway
 from gateway.web.server import WebServer, build_app
 from tests.conftest import MakeConfig, RunningGateway
 from tests.fakes import FakeOpenAI, error
-from tests.gateway.test_memory_flush import FILLER, kind, scripted
+from tests.helpers.llm_scripts import FILLER, kind, scripted
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -16,13 +16,7 @@ from gateway.store import SessionInfo, Store, TurnUsage
 from gateway.turn.outbox import LOG_GLOB, SENT, Delivery, DeliveryLog, failure_text, logged_sent
 from tests.conftest import MakeConfig
 from tests.fakes import FakeOpenAI
-
-
-def reply_to(text: str, answers: tuple[str, ...] = ("m1",)) -> OutboundMessage:
-    return OutboundMessage(
-        platform="telegram", chat_id="42", text=text, session_key="k", thread_id="7",
-        reply_to=answers[-1], answers=answers,
-    )
+from tests.helpers.outbox import reply_to
 
 
 async def finished_turn(store: Store, text: str) -> int:

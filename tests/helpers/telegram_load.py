@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.kill_restart import (
+from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.telegram_server import Call, FakeTelegram
+from tests.helpers.kill_restart import (
     FIRST_USER,
     TOKEN,
     ack_turn,
@@ -29,8 +31,6 @@ from tests.e2e.kill_restart import (
     token,
     write_config,
 )
-from tests.fakes.openai_server import FakeOpenAI
-from tests.fakes.telegram_server import Call, FakeTelegram
 
 
 @dataclass
