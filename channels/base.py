@@ -220,10 +220,36 @@ class ReplyWaiters:
 
 class AwaitsReplies:
     """The part of a channel whose callers wait for their replies (console, webchat): the
-    waiters, and `stored_reply`, which the gateway sets so a repeat or a reply sent elsewhere is
-    found in the store."""
+    waiters, the gateway's handler their messages go to, and `stored_reply`, which the gateway
+    sets so a repeat or a reply sent elsewhere is found in the store."""
 
+    name: str
     _waiters: ReplyWaiters
+    _handler: InboundHandler | None = None
+
+    async def start(self, on_message: InboundHandler) -> None:
+        self._handler = on_message
+
+    async def send(self, message: OutboundMessage) -> None:
+        self._waiters.resolve(message)
+
+    def _started(self) -> InboundHandler:
+        """The handler `start` was given; a message before it is a programming error."""
+        if self._handler is None:
+            raise RuntimeError(f"{self.name} channel is not started")
+        return self._handler
+
+    def _from_user(self, user_id: str, text: str, message_id: str) -> InboundMessage:
+        """A message the caller sent: a direct chat of its own, the user its chat id."""
+        return InboundMessage(
+            platform=self.name,
+            chat_type="direct",
+            chat_id=user_id,
+            sender_id=user_id,
+            sender_name=user_id,
+            text=text,
+            platform_message_id=message_id,
+        )
 
     @property
     def stored_reply(self) -> StoredReply | None:

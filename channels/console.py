@@ -8,9 +8,6 @@ import uuid
 from channels.base import (
     AwaitsReplies,
     ChannelCapabilities,
-    InboundHandler,
-    InboundMessage,
-    OutboundMessage,
     ReplyWaiters,
     id_problem,
     is_blank,
@@ -27,7 +24,6 @@ class ConsoleChannel(AwaitsReplies):
         self.user_id = getpass.getuser() if user_id is None else user_id
         self.reply_timeout = reply_timeout
         self._waiters = ReplyWaiters()
-        self._handler: InboundHandler | None = None
 
     def user_problem(self) -> str | None:
         """Why `user_id` cannot name a chat (None: it can), as the console tells its user."""
@@ -36,36 +32,19 @@ class ConsoleChannel(AwaitsReplies):
         problem = id_problem(self.user_id)
         return None if problem is None else f"Your user id {problem}; ids must be plain text."
 
-    async def start(self, on_message: InboundHandler) -> None:
-        self._handler = on_message
-
     async def stop(self) -> None:
         self._waiters.fail_all("console channel stopped")
 
-    async def send(self, message: OutboundMessage) -> None:
-        self._waiters.resolve(message)
-
     async def ask(self, text: str) -> tuple[str | None, list[str]]:
         """Send one line as the console user; return (session key, replies)."""
-        if self._handler is None:
-            raise RuntimeError("console channel is not started")
+        handler = self._started()
         refused = self.user_problem()
         if refused is not None:
             return None, [f"{refused} Choose another with --user."]
         message_id = uuid.uuid4().hex
         future = self._waiters.expect(self.user_id, message_id)
         try:
-            result = await self._handler(
-                InboundMessage(
-                    platform=self.name,
-                    chat_type="direct",
-                    chat_id=self.user_id,
-                    sender_id=self.user_id,
-                    sender_name=self.user_id,
-                    text=text,
-                    platform_message_id=message_id,
-                )
-            )
+            result = await handler(self._from_user(self.user_id, text, message_id))
             if result.duplicate:
                 return result.session_key, []
             if not result.accepted and not future.done():

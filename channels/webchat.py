@@ -15,9 +15,6 @@ from dataclasses import dataclass
 from channels.base import (
     AwaitsReplies,
     ChannelCapabilities,
-    InboundHandler,
-    InboundMessage,
-    OutboundMessage,
     ReplyWaiters,
 )
 
@@ -37,38 +34,20 @@ class WebchatChannel(AwaitsReplies):
     def __init__(self, reply_timeout: float = 300.0, poll_interval: float = 1.0) -> None:
         self.reply_timeout = reply_timeout
         self._waiters = ReplyWaiters(poll_interval=poll_interval)
-        self._handler: InboundHandler | None = None
-
-    async def start(self, on_message: InboundHandler) -> None:
-        self._handler = on_message
 
     async def stop(self) -> None:
         self._waiters.fail_all("the gateway is shutting down")
-
-    async def send(self, message: OutboundMessage) -> None:
-        self._waiters.resolve(message)
 
     async def submit(
         self, user_id: str, text: str, message_id: str | None = None
     ) -> WebchatReply:
         """Send `text` as `user_id` and wait for the reply (`TimeoutError` after
         `reply_timeout`; `ConnectionAbortedError` when the gateway stops meanwhile)."""
-        if self._handler is None:
-            raise RuntimeError("webchat channel is not started")
+        handler = self._started()
         message_id = message_id or uuid.uuid4().hex
         future = self._waiters.expect(user_id, message_id)
         try:
-            result = await self._handler(
-                InboundMessage(
-                    platform=self.name,
-                    chat_type="direct",
-                    chat_id=user_id,
-                    sender_id=user_id,
-                    sender_name=user_id,
-                    text=text,
-                    platform_message_id=message_id,
-                )
-            )
+            result = await handler(self._from_user(user_id, text, message_id))
             if not result.accepted and not result.duplicate:
                 return WebchatReply(result.session_key, [], False, result.reason)
             # A repeat of a stored message: the reply it has (or will have), never a second one.

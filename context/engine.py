@@ -283,7 +283,20 @@ def summary_message(summary: str) -> Message:
     return Message(role="system", content=summary)
 
 
-class FullHistoryEngine:
+class BuiltinEngine:
+    """What both built-in engines do alike: the tool-result cap and the archive's identifiers."""
+
+    def tool_result_limit(self, settings: ContextSettings) -> int:
+        return tool_result_chars(settings)
+
+    def cap_tool_result(self, text: str, limit: int, artifact: str | None) -> str:
+        return capped_tool_result(text, limit, artifact)
+
+    def identifiers(self, text: str, custom_patterns: Sequence[str] = ()) -> list[Identifier]:
+        return archive_identifiers(text, custom_patterns)
+
+
+class FullHistoryEngine(BuiltinEngine):
     """Sends the system prompt, the whole history and the new messages. No limits, no compaction."""
 
     name = "full-history"
@@ -303,15 +316,6 @@ class FullHistoryEngine:
 
     def compaction_threshold(self, settings: ContextSettings) -> int | None:
         return None
-
-    def tool_result_limit(self, settings: ContextSettings) -> int:
-        return tool_result_chars(settings)
-
-    def cap_tool_result(self, text: str, limit: int, artifact: str | None) -> str:
-        return capped_tool_result(text, limit, artifact)
-
-    def identifiers(self, text: str, custom_patterns: Sequence[str] = ()) -> list[Identifier]:
-        return archive_identifiers(text, custom_patterns)
 
 
 MIN_SUMMARY_TOKENS = 400
@@ -341,7 +345,7 @@ def _tokens(m: Message, counter: TokenCounter) -> int:
     return m.tokens if m.tokens is not None else counter.count_message(m)
 
 
-class DefaultContextEngine:
+class DefaultContextEngine(BuiltinEngine):
     """History limit -> tool-result pruning -> budget check -> overflow tier.
 
     When the plan's tier asks for compaction, the runner calls `compact` and assembles again;
@@ -601,15 +605,6 @@ class DefaultContextEngine:
 
     def compaction_threshold(self, settings: ContextSettings) -> int | None:
         return make_budget(settings.window.tokens, settings.budget).compact_at
-
-    def tool_result_limit(self, settings: ContextSettings) -> int:
-        return tool_result_chars(settings)
-
-    def cap_tool_result(self, text: str, limit: int, artifact: str | None) -> str:
-        return capped_tool_result(text, limit, artifact)
-
-    def identifiers(self, text: str, custom_patterns: Sequence[str] = ()) -> list[Identifier]:
-        return archive_identifiers(text, custom_patterns)
 
     async def compact(
         self, turn: TurnContext, summarize: SummaryCall, instructions: str = ""

@@ -37,8 +37,8 @@ from gateway.model.llm import NOT_CONFIGURED, LLMProvider
 from gateway.model.sizing import ContextResolver
 from gateway.model.summarizer import make_summary_call, summary_provider
 from gateway.store import CompactionRow, SessionInfo, SessionRow, Store
-from gateway.store.db import CONTEXT_STATUS
 from gateway.store.faults import storage_faults
+from gateway.store.messages import CONTEXT_STATUS
 from gateway.tools.history import HistoryTools
 from gateway.tools.memory import MemoryFlush, MemoryTools
 from gateway.tools.registry import ToolRegistry, default_registry

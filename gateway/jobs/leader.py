@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from gateway.store import Store
-from gateway.store.db import AdvisoryLock, LockBusyError
+from gateway.store.locks import AdvisoryLock, LockBusyError
 
 log = logging.getLogger(__name__)
 

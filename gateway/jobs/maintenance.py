@@ -63,22 +63,14 @@ def maintenance_schedule(config: Config) -> list[MaintenanceJob]:
                 CronTrigger(hour=hour, minute=minute, timezone=tz),
             )
         )
-    if s.memory_refresh_minutes > 0:
-        jobs.append(
-            MaintenanceJob(
-                MEMORY_REFRESH,
-                "refresh the memory search index",
-                IntervalTrigger(minutes=s.memory_refresh_minutes, timezone=tz),
-            )
-        )
-    if s.pairing_expiry_minutes > 0:
-        jobs.append(
-            MaintenanceJob(
-                PAIRING_EXPIRY,
-                "expire pending pairing codes",
-                IntervalTrigger(minutes=s.pairing_expiry_minutes, timezone=tz),
-            )
-        )
+    every = (
+        (MEMORY_REFRESH, "refresh the memory search index", s.memory_refresh_minutes),
+        (PAIRING_EXPIRY, "expire pending pairing codes", s.pairing_expiry_minutes),
+    )
+    for name, description, minutes in every:
+        if minutes > 0:
+            trigger = IntervalTrigger(minutes=minutes, timezone=tz)
+            jobs.append(MaintenanceJob(name, description, trigger))
     return jobs
 
 

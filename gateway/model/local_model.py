@@ -17,6 +17,7 @@ import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -76,34 +77,28 @@ once a restarted server has stayed up `RESTART_RESET_SECONDS`."""
 RESTART_RESET_SECONDS = 300.0
 
 
+@dataclass(eq=False)
 class LocalModelServer:
     """`python -m llama_cpp.server --model <gguf>` on 127.0.0.1 at a free port: started,
     waited for (until `/v1/models` answers), restarted on the same port if it dies (the
     gateway's `[llm] base_url` stays right), and stopped with the gateway."""
 
-    def __init__(
-        self,
-        model_path: Path,
-        log_path: Path,
-        *,
-        server_module: str = SERVER_MODULE,
-        alias: str = MODEL_ALIAS,
-        context_tokens: int = CONTEXT_TOKENS,
-        ready_timeout: float = 120.0,
-        extra_args: Sequence[str] = (),
-    ) -> None:
-        self.model_path = model_path
-        self.log_path = log_path
-        self.server_module = server_module
-        self.alias = alias
-        self.context_tokens = context_tokens
-        self.ready_timeout = ready_timeout
-        self.extra_args = tuple(extra_args)
-        self.port: int | None = None
-        self.process: asyncio.subprocess.Process | None = None
-        self.restart_delays = RESTART_DELAYS
-        self.restarts = 0
-        self._supervisor: asyncio.Task[None] | None = None
+    model_path: Path
+    log_path: Path
+    _: KW_ONLY
+    server_module: str = SERVER_MODULE
+    alias: str = MODEL_ALIAS
+    context_tokens: int = CONTEXT_TOKENS
+    ready_timeout: float = 120.0
+    extra_args: Sequence[str] = ()
+    port: int | None = field(init=False, default=None)
+    process: asyncio.subprocess.Process | None = field(init=False, default=None)
+    restart_delays: tuple[float, ...] = field(init=False, default=RESTART_DELAYS)
+    restarts: int = field(init=False, default=0)
+    _supervisor: asyncio.Task[None] | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.extra_args = tuple(self.extra_args)
 
     @property
     def base_url(self) -> str:

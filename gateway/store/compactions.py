@@ -10,13 +10,15 @@ counters, which decide when to try again, live on the session row and change her
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import update
 from sqlmodel import Session, col, select
 
 from gateway.store.engine import Database, execute
 from gateway.store.models import CompactionRow, MemoryFlushRow, SessionRow, utcnow
+
+SessionRows = TypeVar("SessionRows", CompactionRow, MemoryFlushRow)
 
 
 def _latest_compaction(session_id: int) -> Any:
@@ -73,12 +75,7 @@ class CompactionRepository:
         await self._db.write(lambda db: execute(db, stmt.values(refreshed=True)))
 
     async def compactions(self, session_id: int) -> list[CompactionRow]:
-        stmt = (
-            select(CompactionRow)
-            .where(CompactionRow.session_id == session_id)
-            .order_by(col(CompactionRow.id))
-        )
-        return await self._db.read(lambda db: list(db.exec(stmt).all()))
+        return await self._in_order(CompactionRow, session_id)
 
     async def undo_latest_compaction(self, session_id: int) -> CompactionRow | None:
         """Restore the state before the last compaction (its row is kept, marked undone)."""
@@ -113,9 +110,9 @@ class CompactionRepository:
         await self._db.write(op)
 
     async def memory_flushes(self, session_id: int) -> list[MemoryFlushRow]:
-        stmt = (
-            select(MemoryFlushRow)
-            .where(MemoryFlushRow.session_id == session_id)
-            .order_by(col(MemoryFlushRow.id))
-        )
+        return await self._in_order(MemoryFlushRow, session_id)
+
+    async def _in_order(self, table: type[SessionRows], session_id: int) -> list[SessionRows]:
+        """The session's rows of `table`, oldest first."""
+        stmt = select(table).where(table.session_id == session_id).order_by(col(table.id))
         return await self._db.read(lambda db: list(db.exec(stmt).all()))

@@ -7,7 +7,7 @@ transaction that may have created it rolls back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
@@ -48,16 +48,7 @@ class SessionRepository:
         cached = self._ids.get(info.key)
         if cached is not None:
             return cached
-        create = {
-            "key": info.key,
-            "agent": info.agent,
-            "platform": info.platform,
-            "chat_type": info.chat_type,
-            "chat_id": info.chat_id,
-            "thread_id": info.thread_id,
-            "account": info.account,
-        }
-        session_id = self._db.hot.session_id(cursor, info.key, create)
+        session_id = self._db.hot.session_id(cursor, info.key, asdict(info))
         assert session_id is not None
         self._ids[info.key] = session_id
         return session_id

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -182,32 +183,22 @@ def extracted_note(messages: Sequence[Message], earlier: str) -> str | None:
     return note[:MAX_ENTRY_CHARS]
 
 
+@dataclass(eq=False)
 class MemoryFlush:
     """One silent agent turn with only the memory tools, once per compaction cycle; when the
     model writes no note, a note extracted from the conversation itself."""
 
-    def __init__(
-        self,
-        llm: LLMProvider,
-        tools: ToolRegistry,
-        store: Store,
-        timezone: str,
-        max_rounds: int = 4,
-        workspace: Path | None = None,
-        on_flush: Callable[[bool], None] | None = None,
-        on_notes: Callable[[str, int], None] | None = None,
-    ) -> None:
-        self.llm = llm
-        self.tools = tools
-        self.store = store
-        self.timezone = timezone
-        self.max_rounds = max_rounds
-        self.workspace = workspace
-        """Where an extracted note goes (None: no extracted notes)."""
-        self.on_flush = on_flush
-        """Told whether each flush succeeded (the gateway's metrics)."""
-        self.on_notes = on_notes
-        """Told how many notes each source wrote: ("model" | "extracted", count)."""
+    llm: LLMProvider
+    tools: ToolRegistry
+    store: Store
+    timezone: str
+    max_rounds: int = 4
+    workspace: Path | None = None
+    """Where an extracted note goes (None: no extracted notes)."""
+    on_flush: Callable[[bool], None] | None = None
+    """Told whether each flush succeeded (the gateway's metrics)."""
+    on_notes: Callable[[str, int], None] | None = None
+    """Told how many notes each source wrote: ("model" | "extracted", count)."""
 
     @staticmethod
     def due(session: SessionRow) -> bool:

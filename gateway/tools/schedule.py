@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from apscheduler.triggers.date import DateTrigger
@@ -37,6 +37,33 @@ MAX_REMINDER_DAYS = 5 * 366
 
 class ScheduleError(ValueError):
     """Input the model should correct; the message says how."""
+
+
+def _job_spec(
+    kind: Literal["reminder", "cron"],
+    ctx: ToolContext,
+    target: ChatTarget,
+    text: str,
+    now: datetime,
+    tz: ZoneInfo,
+    *,
+    due: datetime | None = None,
+    schedule: str | None = None,
+    in_origin_chat: bool = True,
+) -> JobSpec:
+    """A job this conversation creates `now`, its times read in `tz`."""
+    return JobSpec(
+        kind=kind,
+        job_id=new_job_id(),
+        session_key=ctx.session_key,
+        target=target,
+        text=text,
+        created_at=now.isoformat(timespec="seconds"),
+        in_origin_chat=in_origin_chat,
+        due=None if due is None else due.isoformat(timespec="seconds"),
+        schedule=schedule,
+        timezone=tz.key,
+    )
 
 
 def check_target_id(name: str, value: str) -> None:
@@ -272,16 +299,7 @@ class ScheduleTools:
         except ScheduleError as exc:
             raise ToolError(str(exc)) from None
         text = str(args["text"]).strip()
-        spec = JobSpec(
-            kind="reminder",
-            job_id=new_job_id(),
-            session_key=ctx.session_key,
-            target=target,
-            text=text,
-            created_at=now.isoformat(timespec="seconds"),
-            due=due.isoformat(timespec="seconds"),
-            timezone=tz.key,
-        )
+        spec = _job_spec("reminder", ctx, target, text, now, tz, due=due)
         info = await self.scheduler.add(spec, DateTrigger(run_date=due), f"reminder: {text[:60]}")
         local = due.astimezone(tz)
         return (
@@ -328,16 +346,8 @@ class ScheduleTools:
         except ScheduleError as exc:
             raise ToolError(str(exc)) from None
         prompt = str(args["prompt"]).strip()
-        spec = JobSpec(
-            kind="cron",
-            job_id=new_job_id(),
-            session_key=ctx.session_key,
-            target=target,
-            text=prompt,
-            created_at=now.isoformat(timespec="seconds"),
-            in_origin_chat=in_origin,
-            schedule=expression,
-            timezone=tz.key,
+        spec = _job_spec(
+            "cron", ctx, target, prompt, now, tz, schedule=expression, in_origin_chat=in_origin
         )
         info = await self.scheduler.add(
             spec, CrontabTrigger(expression, tz.key), f"cron: {prompt[:60]}"

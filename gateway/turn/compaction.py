@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -35,32 +36,20 @@ LATEST = 1 << 62
 """A first seq past every stored message: the whole history counts as before the turn."""
 
 
+@dataclass(eq=False)
 class Compactor:
     """Runs compactions, resets and undos for the runner; the caller holds the session's lane."""
 
-    def __init__(
-        self,
-        config: Config,
-        store: Store,
-        engine: ContextEngine,
-        llm: LLMProvider,
-        summarize: SummaryCall,
-        histories: HistoryCache,
-        prompts: TurnPrompts,
-        flush: MemoryFlush | None = None,
-        archive: Archive | None = None,
-        on_compaction: OnCompaction | None = None,
-    ) -> None:
-        self.config = config
-        self.store = store
-        self.engine = engine
-        self.llm = llm
-        self.summarize = summarize
-        self.histories = histories
-        self.prompts = prompts
-        self.flush = flush
-        self.archive = archive
-        self.on_compaction = on_compaction
+    config: Config
+    store: Store
+    engine: ContextEngine
+    llm: LLMProvider
+    summarize: SummaryCall
+    histories: HistoryCache
+    prompts: TurnPrompts
+    flush: MemoryFlush | None = None
+    archive: Archive | None = None
+    on_compaction: OnCompaction | None = None
 
     async def blocked(self, session_key: str) -> str | None:
         """Why automatic compaction may not run now (anti-thrash), or None."""

@@ -25,7 +25,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import KW_ONLY, dataclass, field, replace
+from typing import ClassVar
 
 from channels.base import Channel, OutboundMessage, PreviewChannel
 from channels.formatting import preview_tail
@@ -34,36 +35,29 @@ from gateway.config import ChannelsSection
 log = logging.getLogger(__name__)
 
 
+@dataclass(eq=False)
 class PreviewStream:
     """One reply's preview message: `update` from the token stream, `finish` before delivery."""
 
-    max_failures = 3
+    max_failures: ClassVar[int] = 3
     """Preview edits that may fail in a row before the preview stops changing."""
 
-    def __init__(
-        self,
-        channel: PreviewChannel,
-        target: OutboundMessage,
-        *,
-        interval: float,
-        min_chars: int,
-        max_chars: int,
-    ) -> None:
-        self.channel = channel
-        self.target = target
-        self.interval = interval
-        self.min_chars = min_chars
-        self.max_chars = max_chars
-        self.edits = 0
-        self._message_id: str | None = None
-        self._latest = ""
-        self._shown = ""
-        self._failures = 0
-        self._closed = False
-        self._gave_up = False
-        self._busy = False
-        self._wake = asyncio.Event()
-        self._worker: asyncio.Task[None] | None = None
+    channel: PreviewChannel
+    target: OutboundMessage
+    _: KW_ONLY
+    interval: float
+    min_chars: int
+    max_chars: int
+    edits: int = field(init=False, default=0)
+    _message_id: str | None = field(init=False, default=None)
+    _latest: str = field(init=False, default="")
+    _shown: str = field(init=False, default="")
+    _failures: int = field(init=False, default=0)
+    _closed: bool = field(init=False, default=False)
+    _gave_up: bool = field(init=False, default=False)
+    _busy: bool = field(init=False, default=False)
+    _wake: asyncio.Event = field(init=False, default_factory=asyncio.Event)
+    _worker: asyncio.Task[None] | None = field(init=False, default=None)
 
     @property
     def message_id(self) -> str | None:

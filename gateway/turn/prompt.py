@@ -7,7 +7,7 @@ every turn and every compaction asks for them.
 from __future__ import annotations
 
 import bisect
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from context.compaction import ARCHIVE_TOOL, CompactionSettings
@@ -30,24 +30,21 @@ HISTORY_HINT = (
 ToolSpecs = list[dict[str, Any]]
 
 
+@dataclass(eq=False)
 class TurnPrompts:
     """Builds each turn's `TurnContext` and the `ContextSettings` it carries."""
 
-    def __init__(
-        self,
-        config: Config,
-        llm: LLMProvider,
-        tools: ToolRegistry,
-        resolver: ContextResolver,
-        agents: AgentsFile,
-    ) -> None:
-        self.config = config
-        self.llm = llm
-        self.tools = tools
-        self.resolver = resolver
-        self.agents = agents
-        self._specs_cache: tuple[tuple[str, ...], ToolSpecs, int, ToolSpecs] | None = None
-        self._compaction_settings: tuple[tuple[int, str], CompactionSettings] | None = None
+    config: Config
+    llm: LLMProvider
+    tools: ToolRegistry
+    resolver: ContextResolver
+    agents: AgentsFile
+    _specs_cache: tuple[tuple[str, ...], ToolSpecs, int, ToolSpecs] | None = field(
+        init=False, default=None
+    )
+    _compaction_settings: tuple[tuple[int, str], CompactionSettings] | None = field(
+        init=False, default=None
+    )
 
     def settings_for(self, session: SessionRow, user_id: str | None) -> ContextSettings:
         where = Conversation(session.platform, session.chat_type, session.chat_id, user_id)

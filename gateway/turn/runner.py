@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from channels.base import OutboundMessage
 from context.compaction import CompactionResult, CompactionSettings, SummaryCall
@@ -101,38 +101,27 @@ class TurnHooks:
     """Told of each compaction attempt's reason and result (None: it crashed)."""
 
 
+@dataclass(eq=False)
 class Runner:
-    def __init__(
-        self,
-        config: Config,
-        store: Store,
-        engine: ContextEngine,
-        llm: LLMProvider,
-        tools: ToolRegistry,
-        deliver: Deliver,
-        resolver: ContextResolver,
-        summarize: SummaryCall,
-        flush: MemoryFlush | None = None,
-        hooks: TurnHooks | None = None,
-    ) -> None:
-        hooks = hooks or TurnHooks()
-        self.config = config
-        self.store = store
-        self.engine = engine
-        self.llm = llm
-        self.tools = tools
-        self.deliver = deliver
-        self.resolver = resolver
-        self.summarize = summarize
-        self.flush = flush
-        self.hooks = hooks
-        self.agents = AgentsFile(config.workspace / "AGENTS.md")
-        self.last_plan: dict[str, ContextPlan] = {}
-        self.histories = HistoryCache(store)
-        self.prompts = TurnPrompts(config, llm, tools, resolver, self.agents)
+    config: Config
+    store: Store
+    engine: ContextEngine
+    llm: LLMProvider
+    tools: ToolRegistry
+    deliver: Deliver
+    resolver: ContextResolver
+    summarize: SummaryCall
+    flush: MemoryFlush | None = None
+    hooks: TurnHooks = field(default_factory=TurnHooks)
+    last_plan: dict[str, ContextPlan] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.agents = AgentsFile(self.config.workspace / "AGENTS.md")
+        self.histories = HistoryCache(self.store)
+        self.prompts = TurnPrompts(self.config, self.llm, self.tools, self.resolver, self.agents)
         self.compactions = Compactor(
-            config, store, engine, llm, summarize, self.histories, self.prompts,
-            flush=flush, archive=hooks.archive, on_compaction=hooks.on_compaction,
+            self.config, self.store, self.engine, self.llm, self.summarize, self.histories,
+            self.prompts, self.flush, self.hooks.archive, self.hooks.on_compaction,
         )
 
     # -- a turn -----------------------------------------------------------------------------
@@ -164,7 +153,13 @@ class Runner:
             outbound.platform, outbound.chat_id, outbound.thread_id,
         )
         try:
-            reply = await self._converse(session, claimed, stats, preview, read)
+            notices, asked = await self._run_commands(session_key, claimed)
+            if asked:
+                # A command's compaction moved the summary: the claim's read is stale then.
+                notices.append(
+                    await self._answer(session, asked, stats, preview, None if notices else read)
+                )
+            reply = "\n\n".join(notices)
         except asyncio.CancelledError:
             if preview is not None:
                 preview.abort()
@@ -212,29 +207,18 @@ class Runner:
         elif (await self.deliver(final)).sent and outbox_id is not None:
             await self.store.forget_outbox([outbox_id])
 
-    async def _converse(
-        self,
-        session: SessionRow,
-        claimed: list[MessageRow],
-        stats: TurnStats,
-        preview: PreviewStream | None = None,
-        read: HistoryRead | None = None,
-    ) -> str:
-        assert session.id is not None
-        session_key = session.key
+    async def _run_commands(
+        self, session_key: str, claimed: list[MessageRow]
+    ) -> tuple[list[str], list[MessageRow]]:
+        """Run the `/compact` commands among the claimed messages: the notice saying what
+        happened (if any ran), and the messages left for the model to answer."""
         commands = [r for r in claimed if compact_command(r.content) is not None]
-        notices: list[str] = []
-        if commands:
-            await self.store.mark_status([r.id for r in commands if r.id is not None], COMMAND_STATUS)
-            instructions = compact_command(commands[-1].content) or ""
-            result = await self.compact_session(session_key, instructions, reason="command")
-            notices.append(describe_compaction(result))
-            claimed = [r for r in claimed if r not in commands]
-            if not claimed:
-                return notices[0]
-            read = None  # the compaction moved the summary
-        text = await self._answer(session, claimed, stats, preview, read)
-        return "\n\n".join([*notices, text])
+        if not commands:
+            return [], claimed
+        await self.store.mark_status([r.id for r in commands if r.id is not None], COMMAND_STATUS)
+        instructions = compact_command(commands[-1].content) or ""
+        result = await self.compact_session(session_key, instructions, reason="command")
+        return [describe_compaction(result)], [r for r in claimed if r not in commands]
 
     async def _answer(
         self,

@@ -44,19 +44,17 @@ class TurnStats:
         """The stored form of these stats.
 
         Built without validation: the values are our own, already typed."""
-        return build(
-            TurnRecordRow,
-            dict(
-                session_id=0,  # set by the store
-                prompt_tokens=self.prompt_tokens,
-                local_prompt_tokens=self.local_prompt_tokens,
-                completion_tokens=self.completion_tokens,
-                window=self.window,
-                compact_at=self.compact_at,
-                flush_at=self.flush_at,
-                seconds=round(self.seconds, 3),
-                tool_rounds=self.tool_rounds,
-                compactions=len([c for c in self.compactions if c.committed]),
-                error=self.error,
-            ),
+        values = {name: getattr(self, name) for name in _KEPT_AS_IS}
+        values.update(
+            session_id=0,  # set by the store
+            seconds=round(self.seconds, 3),
+            compactions=len([c for c in self.compactions if c.committed]),
         )
+        return build(TurnRecordRow, values)
+
+
+_KEPT_AS_IS = (
+    "prompt_tokens", "local_prompt_tokens", "completion_tokens", "window", "compact_at",
+    "flush_at", "tool_rounds", "error",
+)
+"""The stats a turn record stores under the same name, unchanged."""
