@@ -216,14 +216,14 @@ def _aware(value: datetime) -> datetime:
 
 
 def token_chart(
-    history: dict[str, Any], width: int = 760, height: int = 240
+    history: operations.TokenHistory, width: int = 760, height: int = 240
 ) -> TokenChart:
     """Prompt tokens per turn against the window, with the thresholds as horizontal lines and
     each compaction and memory flush as a vertical marker between the turns it fell between."""
     left, top, right, bottom = 64, 16, 16, 28
     plot_w, plot_h = width - left - right, height - top - bottom
-    window = max(1, int(history["window"]))
-    turns = [t for t in history["turns"] if t["tokens"] is not None]
+    window = max(1, history.window)
+    turns = [(t, t.tokens) for t in history.turns if t.tokens is not None]
     slots = max(1, len(turns))
 
     def x_at(position: float) -> float:
@@ -232,7 +232,7 @@ def token_chart(
     def y_at(tokens: int) -> float:
         return top + plot_h * (1 - min(tokens, window) / window)
 
-    times = [_aware(t["at"]) for t in turns]
+    times = [_aware(t.at) for t, _ in turns]
 
     def between(at: datetime) -> float:
         """Position of an event among the turns: just before the first turn that ended later."""
@@ -241,28 +241,28 @@ def token_chart(
 
     points = [
         ChartPoint(
-            x_at(i), y_at(int(t["tokens"])), i + 1, int(t["tokens"]),
-            f"turn {i + 1}: {int(t['tokens']):,} prompt tokens"
-            + (" (gateway count)" if t["prompt_tokens"] is None else "")
-            + (f" — failed: {t['error']}" if t["error"] else ""),
+            x_at(i), y_at(tokens), i + 1, tokens,
+            f"turn {i + 1}: {tokens:,} prompt tokens"
+            + (" (gateway count)" if t.prompt_tokens is None else "")
+            + (f" — failed: {t.error}" if t.error else ""),
         )
-        for i, t in enumerate(turns)
+        for i, (t, tokens) in enumerate(turns)
     ]
     markers = [
         ChartMarker(
-            x_at(between(c["at"])), "compaction",
-            f"compaction #{c['id']}: {c['tokens_before']:,} → {c['tokens_after']:,} tokens",
+            x_at(between(c.at)), "compaction",
+            f"compaction #{c.id}: {c.tokens_before:,} → {c.tokens_after:,} tokens",
         )
-        for c in history["compactions"]
+        for c in history.compactions
     ] + [
         ChartMarker(
-            x_at(between(f["at"])), "flush" if f["ok"] else "flush-failed",
-            f"memory flush (cycle {f['cycle']}): "
-            + (f"{f['notes']} notes written" if f["ok"] else "failed"),
+            x_at(between(f.at)), "flush" if f.ok else "flush-failed",
+            f"memory flush (cycle {f.cycle}): "
+            + (f"{f.notes} notes written" if f.ok else "failed"),
         )
-        for f in history["flushes"]
+        for f in history.flushes
     ]
-    compact_at, flush_at = int(history["compact_at"]), int(history["flush_at"])
+    compact_at, flush_at = history.compact_at, history.flush_at
     lines = [
         ChartLine(y_at(window), "window", window, f"window {window:,} tokens"),
         ChartLine(y_at(compact_at), "compact", compact_at, f"compaction at {compact_at:,}"),
@@ -452,12 +452,15 @@ class AdminUI:
         history = await operations.token_history(self.gateway, key)
         facts = await operations.explain(self.gateway, key, fetch_metadata=False)
         assert history is not None and facts is not None
-        messages = detail["messages"]
+        # The transcript and the facts in their JSON form, as `sessions show --json` and
+        # `context explain --json` give them.
+        messages = detail.messages
         return self.render(
             "session.html", request,
-            s=detail, facts=facts, chart=token_chart(history),
-            messages=messages[-TRANSCRIPT_LIMIT:], hidden=max(0, len(messages) - TRANSCRIPT_LIMIT),
-            compactions=detail["compactions"][::-1], outcome=None,
+            s=detail, facts=facts.to_json(), chart=token_chart(history),
+            messages=[m.to_json() for m in messages[-TRANSCRIPT_LIMIT:]],
+            hidden=max(0, len(messages) - TRANSCRIPT_LIMIT),
+            compactions=detail.compactions[::-1], outcome=None,
         )
 
     async def compact(self, request: web.Request) -> web.StreamResponse:
@@ -473,7 +476,7 @@ class AdminUI:
         detail = await operations.session_detail(self.gateway, key, show_all=True)
         assert detail is not None
         return self.render(
-            "_compactions.html", request, s=detail, compactions=detail["compactions"][::-1],
+            "_compactions.html", request, s=detail, compactions=detail.compactions[::-1],
             outcome=outcome,
         )
 

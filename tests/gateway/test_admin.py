@@ -17,12 +17,13 @@ from yarl import URL
 from gateway.app import Gateway
 from gateway.config import ConfigError, WebSection
 from gateway.inbound.access import new_code
+from gateway.operations import CompactionMark, FlushMark, TokenHistory, TurnTokens
 from gateway.store import PairingRow
 from gateway.web.admin import COOKIE, AdminAuth, _safe_next, token_chart
 from gateway.web.server import WebServer, build_app
 from tests.conftest import MakeConfig, RunningGateway
 from tests.fakes import FakeOpenAI
-from tests.gateway.test_memory_flush import FILLER, KEY, scripted
+from tests.helpers.llm_scripts import FILLER, KEY, scripted
 
 TOKEN = "admin-token-0123456789"
 
@@ -256,18 +257,16 @@ async def test_pairing_requests_are_approved_from_the_admin_ui(admin: Admin) -> 
 
 def test_token_chart_places_events_between_the_turns_they_fell_between() -> None:
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
-    turns = [
-        {"at": t0 + timedelta(minutes=i), "tokens": n, "prompt_tokens": n, "error": None,
-         "local_prompt_tokens": n, "reply_seq": i}
+    turns = tuple(
+        TurnTokens(at=t0 + timedelta(minutes=i), reply_seq=i, prompt_tokens=n,
+                   local_prompt_tokens=n, error=None)
         for i, n in enumerate([1000, 5000, 9000, 2000])
-    ]
-    chart = token_chart({
-        "window": 10_000, "compact_at": 8_000, "flush_at": 6_000, "turns": turns,
-        "compactions": [{"at": t0 + timedelta(minutes=2, seconds=-5), "id": 1,
-                         "tokens_before": 9000, "tokens_after": 1500}],
-        "flushes": [{"at": t0 + timedelta(minutes=2, seconds=-10), "cycle": 0, "ok": True,
-                     "notes": 2}],
-    })
+    )
+    chart = token_chart(TokenHistory(
+        window=10_000, compact_at=8_000, flush_at=6_000, turns=turns,
+        compactions=(CompactionMark(t0 + timedelta(minutes=2, seconds=-5), 1, 9000, 1500),),
+        flushes=(FlushMark(t0 + timedelta(minutes=2, seconds=-10), cycle=0, ok=True, notes=2),),
+    ))
     xs = [p.x for p in chart.points]
     compaction = next(m for m in chart.markers if m.kind == "compaction")
     assert xs[1] < compaction.x < xs[2]

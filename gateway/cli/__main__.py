@@ -1,0 +1,5 @@
+"""`python -m gateway.cli`: the same as the `gatehouse` script."""
+
+from gateway.cli import main
+
+main()
