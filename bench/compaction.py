@@ -19,7 +19,7 @@ survives is measured the same way for both: in the prompt after compaction (summ
 messages). langchain is in the ``bench`` extra (``pip install -e '.[bench]'``); without it only
 gatehouse is measured.
 
-The promise (the same path as tests/gateway/test_compaction_promise.py, shared in
+The promise (the same path as tests/gateway/turn/test_compaction_promise.py, shared in
 tests/fakes/transcripts.py): a ~59k-token operations transcript (EN/ZH, big CSV and log tool
 outputs, failures with exit codes in several forms, planted decisions, TODOs, rules, asks and 40
 identifiers) is imported as a session; its latest ask arrives through webchat; the gateway

@@ -591,7 +591,7 @@ def render(report: dict[str, Any], charts: list[tuple[str, str]]) -> str:
         "with its defaults (keep 20 messages, summarize at most the last 4,000 tokens, one call). "
         "\"Kept\" means still in the next prompt: summary plus the messages kept verbatim.",
         "- **Compaction promise**: `bench/compaction.py` (the path of "
-        "`tests/gateway/test_compaction_promise.py`): a ~59k-token operations transcript "
+        "`tests/gateway/turn/test_compaction_promise.py`): a ~59k-token operations transcript "
         "imported as a session, its latest ask sent through webchat, the gateway compacting on "
         "its own; the chat request the fake model receives is the next prompt. Summarizers: good "
         "(writes everything it is shown), lossy (drops half the identifiers, decisions and "

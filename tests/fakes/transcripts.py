@@ -1,5 +1,5 @@
 """Identifier-heavy operations-agent transcripts, and the harness that runs one through a real
-gateway: the compaction promise's test (tests/gateway/test_compaction_promise.py) and its
+gateway: the compaction promise's test (tests/gateway/turn/test_compaction_promise.py) and its
 benchmark (bench/compaction.py) share both.
 
 `generate(seed)` builds, deterministically, a ~59k-token (gpt-4o tiktoken) chat between an

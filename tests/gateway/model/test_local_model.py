@@ -27,7 +27,7 @@ from tests.conftest import MakeConfig, RunningGateway
 from tests.fakes import FakeOpenAI
 
 FAKE_SERVER = "tests.fakes.fake_llama_server"
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Issue 20: a webchat `message_id` belongs to its sender, and ids are never merged.
 
-Over a real socket (aiohttp server + aiohttp client), like test_web.py: reply waiters are keyed by
+Over a real socket (aiohttp server + aiohttp client), like web/test_server.py: reply waiters are keyed by
 (user, message_id) as the store dedupes by (platform, chat_id, platform_message_id); a repeat of
 a message waits for (or gets) the one stored reply; ids that cannot be stored as they are, blank
 ids and invisible text are refused with a 422.
