@@ -23,6 +23,10 @@ identifier first, then words by BM25. The message rows are also the transcripts 
 `search()` (which spans every session), unless the index is opened with
 `search_transcripts=False`.
 
+With an encoder (`memory.embeddings`), every chunk and archived row also gets a vector in the
+same file, embedded once when written and dropped with its row (`memory.vectors`), and
+`search(mode="vector" | "hybrid")` ranks by meaning too; BM25 stays the default.
+
 Schema changes are additive (`CREATE TABLE IF NOT EXISTS`, an `ALTER TABLE ADD COLUMN` guarded
 by `PRAGMA table_info`) and `user_version` stays 1: an older gatehouse treats any other version
 as "rebuild" and drops every table, transcripts included, which cannot be derived again.
@@ -34,6 +38,7 @@ by a lock serves those worker threads.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import re
 import sqlite3
@@ -41,13 +46,27 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
+from numpy.typing import NDArray
+
+from memory.embeddings import Encoder
+from memory.vectors import (
+    CANDIDATES_PER_RESULT,
+    MMR_LAMBDA,
+    VECTOR_SCHEMA,
+    VectorIndex,
+    forget_vectors,
+    fuse,
+)
 from memory.workspace import scan_workspace, split_lines
 
 Corpus = Literal["notes", "transcripts", "all"]
+SearchMode = Literal["bm25", "vector", "hybrid"]
+_log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 CHUNK_CHARS = 1_600
@@ -153,6 +172,11 @@ class Hit:
     score: float
     all_terms: bool  # False: matched only some query terms (listed after full matches)
     role: str | None = None  # an archived message's role (None: notes, or an archived range)
+    # Why it ranks here (None where the mode used has no such list):
+    bm25_rank: int | None = None  # 1-based place in the BM25 list
+    vector_score: float | None = None  # cosine to the query
+    fused_score: float | None = None  # reciprocal rank fusion (hybrid)
+    mode_used: SearchMode = "bm25"  # "bm25" when vector or hybrid had to fall back
 
     @property
     def location(self) -> str:
@@ -210,6 +234,7 @@ class RefreshStats:
     chunks_written: int  # new or edited chunks put into the FTS index
     chunks_removed: int  # chunks taken out of it (edited or deleted)
     seconds: float
+    vectors_written: int = 0  # rows embedded (new, edited, or missing a current vector)
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,18 +447,27 @@ class MemoryIndex:
         suffixes: Sequence[str] = (".md",),
         exclude_dirs: Sequence[str] = ("artifacts",),
         search_transcripts: bool = True,
+        encoder: Encoder | None = None,
     ) -> None:
         self.db_path = db_path
         self.workspace = workspace
         self.search_transcripts = search_transcripts
         """False: `search()` leaves the archived messages out (corpus "transcripts" finds
         nothing, "all" means the notes); `history_search` is not affected."""
+        self.encoder = encoder
+        """With an encoder every row gets a vector and `search` can rank by meaning; without,
+        modes "vector" and "hybrid" fall back to BM25 (and the hits say so)."""
+        self._fallback_logged = False
         self._suffixes = tuple(suffixes)
         self._exclude = tuple(exclude_dirs)
         self._lock = threading.RLock()
         self._corpus_stats: dict[str, tuple[int, float]] = {}
         db_path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = sqlite3.connect(str(db_path), check_same_thread=False, isolation_level=None)
+        self._vectors = (
+            None if encoder is None
+            else VectorIndex(encoder, self._conn, self._lock, self._transaction)
+        )
         try:
             self._setup()
         except BaseException:
@@ -457,6 +491,7 @@ class MemoryIndex:
             for table in _DERIVED_TABLES:  # derived data from another layout: rebuild
                 conn.execute(f"DROP TABLE IF EXISTS {table}")
         conn.executescript(_SCHEMA)
+        conn.executescript(VECTOR_SCHEMA)
         have = {str(row[1]) for row in conn.execute("PRAGMA table_info(transcripts)")}
         for column, kind in _MESSAGE_COLUMNS:
             if column not in have:  # an index file from before per-message archiving
@@ -480,6 +515,8 @@ class MemoryIndex:
             yield self._conn
         except BaseException:
             self._conn.execute("ROLLBACK")
+            if self._vectors is not None:
+                self._vectors.invalidate()  # its matrices may hold the rolled-back changes
             raise
         self._conn.execute("COMMIT")
         self._corpus_stats.clear()
@@ -489,7 +526,17 @@ class MemoryIndex:
     def refresh(self, progress: Callable[[int, int], None] | None = None) -> RefreshStats:
         """Bring the index in line with the files: changed files re-chunked, deleted ones gone.
 
-        `progress(done, total)` hears of each file scanned (the CLI's progress bar)."""
+        `progress(done, total)` hears of each file scanned (the CLI's progress bar). With an
+        encoder, every row then lacking a current vector (new, edited, or from another
+        encoder) is embedded, outside the lock that searches wait on."""
+        began = time.perf_counter()
+        stats = self._refresh_files(progress)
+        if self._vectors is None:
+            return stats
+        embedded = self._vectors.embed_missing(self._vector_tables())
+        return replace(stats, vectors_written=embedded, seconds=time.perf_counter() - began)
+
+    def _refresh_files(self, progress: Callable[[int, int], None] | None) -> RefreshStats:
         began = time.perf_counter()
         scanned = hashed = changed = removed = written = dropped = 0
         with self._lock, self._transaction() as conn:
@@ -541,8 +588,9 @@ class MemoryIndex:
             scanned, hashed, changed, removed, written, dropped, time.perf_counter() - began
         )
 
-    @staticmethod
-    def _sync_chunks(conn: sqlite3.Connection, rel: str, chunks: list[Chunk]) -> tuple[int, int]:
+    def _sync_chunks(
+        self, conn: sqlite3.Connection, rel: str, chunks: list[Chunk]
+    ) -> tuple[int, int]:
         """Make the file's chunks equal `chunks`, touching the FTS index only where text changed.
 
         An appended entry adds one chunk; a hand edit replaces the edited chunk and merely
@@ -570,6 +618,7 @@ class MemoryIndex:
             stale,
         )
         conn.executemany("DELETE FROM chunks WHERE id = ?", stale)
+        forget_vectors(conn, self._vectors, "notes", [rowid for rowid, in stale])
         conn.executemany("UPDATE chunks SET start_line = ?, end_line = ? WHERE id = ?", moved)
         rows: list[tuple[int, str, str]] = []
         for chunk in fresh:
@@ -588,8 +637,50 @@ class MemoryIndex:
             with self._transaction() as conn:
                 conn.execute("INSERT INTO chunks_fts(chunks_fts) VALUES ('delete-all')")
                 conn.execute("DELETE FROM chunks")
+                conn.execute("DELETE FROM chunk_vectors")
+                if self._vectors is not None:
+                    self._vectors.invalidate()
                 conn.execute("DELETE FROM files")
-            return self.refresh(progress)
+            stats = self._refresh_files(progress)
+        if self._vectors is None:
+            return stats
+        return replace(stats, vectors_written=self._vectors.embed_missing(self._vector_tables()))
+
+    # ---- vectors ------------------------------------------------------------------------
+
+    def _vector_tables(self) -> list[Literal["notes", "transcripts"]]:
+        return ["notes", "transcripts"] if self.search_transcripts else ["notes"]
+
+    def _forget_transcripts(
+        self, conn: sqlite3.Connection, where: str, params: Sequence[tuple[object, ...]]
+    ) -> None:
+        """Drop the vectors of the transcript rows `where` is about to delete."""
+        ids = [
+            int(row[0])
+            for args in params
+            for row in conn.execute(f"SELECT id FROM transcripts WHERE {where}", args)
+        ]
+        forget_vectors(conn, self._vectors, "transcripts", ids)
+
+    def _embed_written(self, ids: list[int]) -> None:
+        if self._vectors is not None and self.search_transcripts:
+            self._vectors.embed_missing(["transcripts"], only=ids)
+
+    def reembed(
+        self, progress: Callable[[int, int], None] | None = None, *, everything: bool = False
+    ) -> int:
+        """Embed every row lacking a vector from the current encoder (all rows with
+        `everything`); returns rows embedded. Unlike refresh, an encoder failure is raised."""
+        if self._vectors is None:
+            raise RuntimeError("this index has no encoder")
+        return self._vectors.embed_missing(self._vector_tables(), everything, progress, True)
+
+    def vector_coverage(self) -> dict[str, tuple[int, int]]:
+        """Per corpus: (rows with a vector from the current encoder, rows); {} without one."""
+        if self._vectors is None:
+            return {}
+        with self._lock:
+            return {t: self._vectors.coverage(self._conn, t) for t in self._vector_tables()}
 
     # ---- transcripts corpus -------------------------------------------------------------
 
@@ -610,6 +701,7 @@ class MemoryIndex:
                 f"SELECT 'delete', id, body, short FROM transcripts WHERE {where}",
                 key,
             )
+            self._forget_transcripts(conn, where, [key])
             conn.execute(f"DELETE FROM transcripts WHERE {where}", key)
             conn.executemany(
                 "INSERT INTO transcripts(session_key, first_seq, last_seq, body, short) "
@@ -621,6 +713,8 @@ class MemoryIndex:
                 f"SELECT id, body, short FROM transcripts WHERE {where}",
                 key,
             )
+            new = [int(r[0]) for r in conn.execute(f"SELECT id FROM transcripts WHERE {where}", key)]
+        self._embed_written(new)
         return len(chunks)
 
     # ---- history archive ----------------------------------------------------------------
@@ -650,6 +744,7 @@ class MemoryIndex:
                 f"SELECT 'delete', id, body, short FROM transcripts WHERE {one}",
                 seqs,
             )
+            self._forget_transcripts(conn, one, seqs)
             conn.executemany(f"DELETE FROM transcripts WHERE {one}", seqs)
             inside = "session_key = ? AND role IS NULL AND first_seq >= ? AND last_seq <= ?"
             conn.execute(
@@ -657,6 +752,7 @@ class MemoryIndex:
                 f"SELECT 'delete', id, body, short FROM transcripts WHERE {inside}",
                 (session_key, low, high),
             )
+            self._forget_transcripts(conn, inside, [(session_key, low, high)])
             conn.execute(f"DELETE FROM transcripts WHERE {inside}", (session_key, low, high))
             written: list[tuple[int, str, str]] = []
             for row in rows:
@@ -669,6 +765,7 @@ class MemoryIndex:
             conn.executemany(
                 "INSERT INTO transcripts_fts(rowid, body, short) VALUES (?, ?, ?)", written
             )
+        self._embed_written([rowid for rowid, _, _ in written])
         return len(rows)
 
     def archive_identifiers(
@@ -821,10 +918,30 @@ class MemoryIndex:
 
     # ---- search -------------------------------------------------------------------------
 
-    def search(self, query: str, limit: int = 8, corpus: Corpus = "notes") -> list[Hit]:
-        """The best chunks for `query`: chunks with every term first, then with some, by BM25."""
+    def search(
+        self,
+        query: str,
+        limit: int = 8,
+        corpus: Corpus = "notes",
+        mode: SearchMode = "bm25",
+        *,
+        session_key: str | None = None,
+        mmr_lambda: float | None = MMR_LAMBDA,
+    ) -> list[Hit]:
+        """The best chunks for `query`.
+
+        "bm25": chunks with every term first, then with some, by BM25. "vector": by cosine to
+        the query's embedding. "hybrid": reciprocal rank fusion of both lists, except that BM25
+        hits holding an identifier of the query verbatim come first (an embedding blurs
+        ORD-88123 into ORD-88124). Vector and hybrid pick with MMR (`mmr_lambda`, None: off)
+        so near-identical chunks do not fill the top. Without an encoder, or if it fails, they
+        fall back to BM25 and each hit's `mode_used` says so. `session_key` confines the
+        transcripts searched to that session's (notes are not per session).
+        """
         if corpus not in ("notes", "transcripts", "all"):
             raise ValueError(f"corpus must be 'notes', 'transcripts' or 'all', not {corpus!r}")
+        if mode not in ("bm25", "vector", "hybrid"):
+            raise ValueError(f"mode must be 'bm25', 'vector' or 'hybrid', not {mode!r}")
         terms = query_terms(query)
         limit = max(1, min(int(limit), MAX_LIMIT))
         if not terms:
@@ -834,10 +951,72 @@ class MemoryIndex:
         )
         if not self.search_transcripts:
             tables = [table for table in tables if table != "transcripts"]
+        query_vector = None if mode == "bm25" else self._query_vector(query)
         with self._lock:
-            ranked = [(table, item) for table in tables for item in self._rank(table, terms, limit)]
-            ranked.sort(key=lambda pair: (pair[1].tier, -pair[1].score))
-            return self._hits(ranked[:limit], terms)
+            if query_vector is not None:
+                return self._search_by_meaning(
+                    tables, terms, query_vector, limit, mode, session_key, mmr_lambda
+                )
+            ranked = self._bm25(tables, terms, limit, session_key)
+            return self._hits(ranked[:limit], terms, [(i + 1, None, None) for i in range(limit)])
+
+    def _bm25(
+        self,
+        tables: Sequence[Literal["notes", "transcripts"]],
+        terms: list[str],
+        limit: int,
+        session_key: str | None,
+    ) -> list[tuple[Literal["notes", "transcripts"], _Ranked]]:
+        ranked = [
+            (table, item)
+            for table in tables
+            for item in self._rank(
+                table, terms, limit, session_key=session_key if table == "transcripts" else None
+            )
+        ]
+        ranked.sort(key=lambda pair: (pair[1].tier, -pair[1].score))
+        return ranked
+
+    def _query_vector(self, query: str) -> NDArray[np.float32] | None:
+        """The query's embedding, or None (logged once) when search must fall back to BM25."""
+        reason = "no embedding model is configured"
+        if self._vectors is not None:
+            try:
+                vector = self._vectors.encoder.encode([query])
+                if vector.shape == (1, self._vectors.dimensions):
+                    row: NDArray[np.float32] = vector[0]
+                    return row
+                reason = f"the encoder returned shape {vector.shape}"
+            except Exception as exc:
+                reason = f"the encoder failed ({type(exc).__name__}: {exc})"
+        if not self._fallback_logged:
+            self._fallback_logged = True
+            _log.warning("memory search by meaning falls back to BM25: %s", reason)
+        return None
+
+    def _search_by_meaning(
+        self,
+        tables: Sequence[Literal["notes", "transcripts"]],
+        terms: list[str],
+        query_vector: NDArray[np.float32],
+        limit: int,
+        mode: SearchMode,
+        session_key: str | None,
+        mmr_lambda: float | None,
+    ) -> list[Hit]:
+        assert self._vectors is not None
+        pool = limit * CANDIDATES_PER_RESULT
+        bm25 = self._bm25(tables, terms, pool, session_key)[:pool] if mode == "hybrid" else []
+        picked = fuse(
+            self._vectors, self._conn, [(t, item.rowid, item.tier) for t, item in bm25],
+            tables, query_vector, terms, limit, pool, mode == "hybrid", session_key, mmr_lambda,
+        )
+        return self._hits(
+            [(p.table, _Ranked(p.tier, p.score, p.rowid)) for p in picked],
+            terms,
+            [(p.bm25_rank, p.vector_score, p.fused_score) for p in picked],
+            mode,
+        )
 
     def _rank(
         self, table: str, terms: list[str], limit: int, *, session_key: str | None = None
@@ -929,8 +1108,13 @@ class MemoryIndex:
         return out[:limit]
 
     def _hits(
-        self, ranked: list[tuple[Literal["notes", "transcripts"], _Ranked]], terms: list[str]
+        self,
+        ranked: list[tuple[Literal["notes", "transcripts"], _Ranked]],
+        terms: list[str],
+        details: Sequence[tuple[int | None, float | None, float | None]],
+        mode: SearchMode = "bm25",
     ) -> list[Hit]:
+        """Hits for `ranked`, each with its (bm25_rank, vector_score, fused_score)."""
         rows: dict[tuple[str, int], tuple[str, int, int, str, str | None]] = {}
         for table in ("notes", "transcripts"):
             ids = [item.rowid for name, item in ranked if name == table]
@@ -950,11 +1134,16 @@ class MemoryIndex:
                     None if row[5] is None else str(row[5]),
                 )
         hits: list[Hit] = []
-        for table, item in ranked:
+        for (table, item), (rank, cosine, fused) in zip(ranked, details, strict=False):
             found = rows.get((table, item.rowid))
             if found is None:
                 continue
             path, start, end, text, role = found
             snippet = make_snippet(text, terms)
-            hits.append(Hit(table, path, start, end, snippet, item.score, item.tier == 0, role))
+            hits.append(
+                Hit(
+                    table, path, start, end, snippet, item.score, item.tier == 0, role,
+                    rank, cosine, fused, mode,
+                )
+            )
         return hits
