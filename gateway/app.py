@@ -40,7 +40,7 @@ from gateway.store import CompactionRow, SessionInfo, SessionRow, Store
 from gateway.store.faults import storage_faults
 from gateway.store.messages import CONTEXT_STATUS
 from gateway.tools.history import HistoryTools
-from gateway.tools.memory import MemoryFlush, MemoryTools
+from gateway.tools.memory import MemoryFlush, MemoryTools, shared_encoder
 from gateway.tools.registry import ToolRegistry, default_registry
 from gateway.tools.schedule import ScheduleTools
 from gateway.turn.outbox import SENT, Delivery, DeliveryLog, failure_text
@@ -69,7 +69,11 @@ class Gateway:
                 config.workspace,
                 search_transcripts=config.memory.archive_transcripts,
             )
-        memory = MemoryTools(config.workspace, self.memory_index, config.gateway.timezone)
+        # No encoder yet (cheap for the CLI): `start` loads the model in the background.
+        memory = MemoryTools(
+            config.workspace, self.memory_index, config.gateway.timezone,
+            search_mode=config.memory.search_mode,
+        )
         self.tools = tools or default_registry()
         memory_only = ToolRegistry()
         for tool in memory.tools():
@@ -130,6 +134,7 @@ class Gateway:
         self.access = AccessPolicy(config, self.store)
         self._started = False
         self._sweeper: asyncio.Task[None] | None = None
+        self._encoder_task: asyncio.Task[None] | None = None
 
     def add_channel(self, channel: Channel) -> None:
         self.channels[channel.name] = channel
@@ -144,7 +149,28 @@ class Gateway:
         await self.store.init()
         await self.resolver.start(fetch_metadata=fetch_metadata)
 
+    async def _load_encoder(self) -> None:
+        """Load and warm up the embedding model (slow: off the event loop, once per process),
+        give it to the memory index and embed what lacks a vector; until then, and without
+        it, memory search is BM25 (the reason logged once)."""
+        encoder, reason = await asyncio.to_thread(shared_encoder)
+        if encoder is None:
+            why = reason.removeprefix("Semantic memory search is off, BM25 only: ")
+            log.warning("memory search: BM25 only: %s", why)
+            return
+        self.memory_index.use_encoder(encoder)
+        log.info("memory search: %s, embedding %s", self.config.memory.search_mode, encoder.name)
+        try:
+            await asyncio.to_thread(self.memory_index.refresh)
+        except Exception as exc:  # the next refresh (a search, maintenance) tries again
+            log.warning("memory search: embedding the index failed: %s", exc)
+
     async def close(self) -> None:
+        if self._encoder_task is not None:
+            self._encoder_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._encoder_task
+            self._encoder_task = None
         await self.resolver.stop()
         await self.llm.close()
         if self.summary_llm is not self.llm:
@@ -155,6 +181,8 @@ class Gateway:
     async def start(self) -> None:
         """Open the store and workspace, start channels, resume any unanswered messages."""
         await self.open()
+        if self.config.memory.embeddings and self._encoder_task is None:
+            self._encoder_task = asyncio.create_task(self._load_encoder(), name="memory-encoder")
         unsent = await self.delivery.recover()
         if not self.llm.configured:
             log.warning(NOT_CONFIGURED)

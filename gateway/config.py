@@ -390,6 +390,21 @@ class MemorySection(_Strict):
             "archived either way: history_search (confined to the asking session) always works"
         ),
     )
+    search_mode: Literal["hybrid", "bm25", "vector"] = Field(
+        default="hybrid",
+        description=(
+            "how memory_search ranks: hybrid (words by BM25 fused with meaning by embedding, "
+            "an exact identifier first), bm25 (words only) or vector (meaning only); without "
+            "the embedding model every mode is BM25"
+        ),
+    )
+    embeddings: bool = Field(
+        default=True,
+        description=(
+            "load the offline multilingual embedding model (memory/embeddings.py) at start so "
+            "memory_search can rank by meaning; false: BM25 only, no model in memory"
+        ),
+    )
 
 
 class SchedulerSection(_Strict):

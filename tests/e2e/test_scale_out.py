@@ -115,6 +115,7 @@ def _marks_by_chat(calls: list[dict[str, Any]], chat_field: str) -> dict[str, li
 def _config(database: str, llm: FakeOpenAI, channel: str) -> str:
     return (
         f'[gateway]\ndata_dir = "data"\ndatabase_url = "{database}"\n[web]\nport = 0\n'
+        "[memory]\nembeddings = false\n"
         f'[llm]\nbase_url = "{llm.base_url}"\napi_key = "x"\nmodel = "fake-model"\n'
         f"stream = false\n{channel}"
     )
@@ -206,6 +207,7 @@ async def test_a_killed_leader_is_replaced_and_a_due_reminder_fires_once(
         config = tmp_path / "gatehouse.toml"
         config.write_text(
             f'[gateway]\ndata_dir = "data"\ndatabase_url = "{database}"\n[web]\nport = 0\n'
+            "[memory]\nembeddings = false\n"
             f'[llm]\nbase_url = "{fake_llm.base_url}"\napi_key = "x"\nmodel = "fake-model"\n'
             f"[scheduler]\nleader_poll_seconds = 0.3\npoll_seconds = 0.3\n"
             f'[channels.telegram]\nenabled = true\ntoken = "{tg.token}"\n'

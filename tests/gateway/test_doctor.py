@@ -50,9 +50,11 @@ async def test_everything_ready_against_the_fakes(
     ensure_workspace(config.workspace)
     checks = by_name(await diagnose(config))
     assert {n: c.status for n, c in checks.items()} == {
-        "database": "ready", "workspace": "ready", "llm": "ready",
+        "database": "ready", "workspace": "ready", "memory search": "ready", "llm": "ready",
         "telegram": "ready", "slack": "ready", "discord": "ready",
     }
+    assert "use-multilingual-v3" in checks["memory search"].detail
+    assert "notes 0/0" in checks["memory search"].detail
     assert "@gatehouse_bot" in checks["telegram"].detail
     assert "fake-model" in checks["llm"].detail
     assert "gatehouse" in checks["discord"].detail
@@ -132,6 +134,15 @@ async def test_database_and_workspace_problems(make_config: MakeConfig, tmp_path
     assert "database_url" in checks["database"].fix
     assert checks["workspace"].status == "problem"
     assert "gatehouse init" in checks["workspace"].fix
+
+
+async def test_memory_search_without_embeddings_is_a_bm25_warning(
+    make_config: MakeConfig,
+) -> None:
+    config = make_config(memory={"embeddings": False})
+    check = by_name(await diagnose(config))["memory search"]
+    assert check.status == "warning" and check.detail.startswith("BM25 only")
+    assert "[memory] embeddings" in check.fix
 
 
 async def test_a_bad_config_is_the_first_and_only_problem(tmp_path: Path) -> None:

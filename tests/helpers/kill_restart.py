@@ -117,6 +117,7 @@ def write_config(
     path = directory / "gatehouse.toml"
     path.write_text(
         f'[gateway]\ndata_dir = "data"\nmax_concurrent_turns = {concurrency}\n[web]\nport = 0\n'
+        "[memory]\nembeddings = false\n"
         f'[llm]\nbase_url = "{llm.base_url}"\napi_key = "{api_key}"\nmodel = "fake-model"\n'
         f"max_retries = 0\n"
         f'[channels.telegram]\nenabled = true\ntoken = "{tg.token}"\n'
