@@ -15,7 +15,7 @@ from tests.helpers.cli import GATEHOUSE, env, in_process, run_cli, write_config
 
 
 async def test_run_serves_webchat_and_stops_cleanly(tmp_path: Path, fake_llm: FakeOpenAI) -> None:
-    config = write_config(tmp_path, fake_llm)
+    config = write_config(tmp_path, fake_llm, embeddings=True)  # stops cleanly while warming
     fake_llm.script(reply("hello from the agent"))
     proc = await asyncio.create_subprocess_exec(
         GATEHOUSE, "--config", str(config), "run", cwd=tmp_path, env=env(),

@@ -18,6 +18,7 @@ async def test_telegram_pairing_then_answer_through_gatehouse_run(
         config = tmp_path / "gatehouse.toml"
         config.write_text(
             f'[gateway]\ndata_dir = "data"\n[web]\nport = 0\n'
+            "[memory]\nembeddings = false\n"
             f'[llm]\nbase_url = "{fake_llm.base_url}"\napi_key = "x"\nmodel = "fake-model"\n'
             f'[channels.telegram]\nenabled = true\ntoken = "{tg.token}"\n'
             f'base_url = "{tg.base_url}"\n',

@@ -19,9 +19,15 @@ GATEHOUSE = str(Path(sys.executable).parent / "gatehouse")
 """The console script the venv installed next to its python."""
 
 
-def write_config(tmp_path: Path, fake: FakeOpenAI | None, extra: str = "") -> Path:
+def write_config(
+    tmp_path: Path, fake: FakeOpenAI | None, extra: str = "", *, embeddings: bool = False
+) -> Path:
     """A `gatehouse.toml` with data under the tmp dir, any web port, and `fake` as the model
-    (its key read from ``TEST_LLM_KEY``, which `env` sets); `extra` is appended TOML."""
+    (its key read from ``TEST_LLM_KEY``, which `env` sets); `extra` is appended TOML. The
+    embedding model stays off unless asked for (or `extra` has a [memory] section): each
+    gateway process would warm it up, which is not what these tests look at."""
+    if not embeddings and "[memory]" not in extra:
+        extra = f"[memory]\nembeddings = false\n{extra}"
     llm = (
         f'[llm]\nbase_url = "{fake.base_url}"\n'
         'api_key = "${TEST_LLM_KEY}"\nmodel = "fake-model"\n'

@@ -21,7 +21,7 @@ NOTES = (
 
 
 def workspace_config(tmp_path: Path, extra: str = "") -> Path:
-    config = write_config(tmp_path, None, extra)
+    config = write_config(tmp_path, None, extra, embeddings=True)
     workspace = load_config(config).workspace
     (workspace / "memory").mkdir(parents=True, exist_ok=True)
     (workspace / "memory" / "2026-12-01.md").write_text(NOTES, encoding="utf-8")
