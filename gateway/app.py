@@ -40,12 +40,13 @@ from gateway.store import CompactionRow, SessionInfo, SessionRow, Store
 from gateway.store.faults import storage_faults
 from gateway.store.messages import CONTEXT_STATUS
 from gateway.tools.history import HistoryTools
-from gateway.tools.memory import MemoryFlush, MemoryTools, shared_encoder
+from gateway.tools.memory import MemoryFlush, MemoryTools
 from gateway.tools.registry import ToolRegistry, default_registry
 from gateway.tools.schedule import ScheduleTools
 from gateway.turn.outbox import SENT, Delivery, DeliveryLog, failure_text
 from gateway.turn.previews import Previews
 from gateway.turn.runner import Runner, TurnHooks, compaction_blocked_reason
+from memory.embeddings import shared_encoder
 from memory.index import ArchivedMessage, MemoryIndex, RefreshStats
 from memory.workspace import ensure_workspace
 

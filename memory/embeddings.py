@@ -227,6 +227,20 @@ def load_encoder(warm_up: bool = False) -> tuple[Encoder | None, str]:
     return encoder, ""
 
 
+_shared: tuple[Encoder | None, str] | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_encoder() -> tuple[Encoder | None, str]:
+    """`load_encoder(warm_up=True)` once per process: the gateway, the CLI and tests share one
+    loaded model (blocking and slow the first time: call it off the event loop)."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = load_encoder(warm_up=True)
+        return _shared
+
+
 def cosine_top_k(
     query: NDArray[np.floating[Any]], matrix: NDArray[np.floating[Any]], k: int
 ) -> tuple[NDArray[np.intp], Vectors]:

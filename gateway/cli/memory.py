@@ -54,7 +54,7 @@ def _encoder_for(config: Config, mode: SearchMode) -> Encoder | None:
             highlight=False,
         )
         return None
-    from gateway.tools.memory import shared_encoder
+    from memory.embeddings import shared_encoder
 
     with err_console.status("loading the embedding model…"):
         encoder, reason = shared_encoder()

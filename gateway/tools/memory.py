@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,6 @@ from context.types import Message
 from gateway.model.llm import LLMError, LLMProvider
 from gateway.store import SessionRow, Store
 from gateway.tools.registry import Tool, ToolContext, ToolError, ToolRegistry
-from memory.embeddings import Encoder, load_encoder
 from memory.index import MemoryIndex, SearchMode
 from memory.notes import MAX_ENTRY_CHARS, append_note, read_lines
 from memory.workspace import WorkspacePathError
@@ -31,20 +29,6 @@ from memory.workspace import WorkspacePathError
 log = logging.getLogger(__name__)
 
 NO_REPLY = "NO_REPLY"
-
-_encoder: tuple[Encoder | None, str] | None = None
-_encoder_lock = threading.Lock()
-
-
-def shared_encoder() -> tuple[Encoder | None, str]:
-    """The embedding model loaded and warmed up once per process (blocking and slow the first
-    time: call it off the event loop), or None and why memory search is BM25 only."""
-    global _encoder
-    with _encoder_lock:
-        if _encoder is None:
-            _encoder = load_encoder(warm_up=True)
-        return _encoder
-
 
 class MemoryTools:
     """The three memory tools bound to one workspace and index."""

