@@ -15,14 +15,21 @@ history limit or the budget is reached, using token counts cached on each messag
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import replace
+from typing import Protocol, runtime_checkable
 
-from context.budget import Budget, BudgetSettings, Tier, make_budget
+from context.budget import Budget, Tier, make_budget
 from context.compaction import CompactionResult, CompactionSettings, SummaryCall, split_recent
 from context.compaction import compact as run_compaction
-from context.history import SYSTEM_SOURCE, LimitResolution, choose_turns_to_drop, split_turns
+from context.history import choose_turns_to_drop, split_turns
 from context.identifiers import extract_identifiers
+from context.plan import BudgetLine as BudgetLine
+from context.plan import ContextPlan as ContextPlan
+from context.plan import ContextSettings as ContextSettings
+from context.plan import PlanFacts as PlanFacts
+from context.plan import PlanTokens as PlanTokens
+from context.plan import TurnContext as TurnContext
+from context.plan import default_settings as default_settings
 from context.pruning import (
     cap_tool_output,
     clear_old_results,
@@ -30,183 +37,8 @@ from context.pruning import (
     tool_result_cap_chars,
 )
 from context.quality import IDEAL_COMPRESSION
-from context.tokens import TokenCounter, estimate_counter
+from context.tokens import TokenCounter
 from context.types import Identifier, Message
-from context.window import WindowResolution
-
-
-@dataclass(frozen=True, slots=True)
-class ContextSettings:
-    """What the runner resolved for this session (each with its source)."""
-
-    window: WindowResolution
-    counter: TokenCounter
-    history_limit: LimitResolution = field(
-        default_factory=lambda: LimitResolution(0, SYSTEM_SOURCE)
-    )
-    budget: BudgetSettings = field(default_factory=BudgetSettings)
-    calibration_ratio: float = 1.0
-    """Provider-reported prompt tokens / locally counted tokens, from the last turns."""
-    tools_tokens: int = 0
-    """Tokens of the tool schemas sent with every call."""
-    keep_recent_tool_results: int = 3
-    tool_result_share: float = 0.3
-    """The share of the window one tool result may use (`[context] tool_result_share`)."""
-    compaction: CompactionSettings | None = None
-    """Compaction knobs; its `window` is replaced by the resolved window."""
-
-
-def default_settings(window_tokens: int = 200_000) -> ContextSettings:
-    return ContextSettings(
-        window=WindowResolution(tokens=window_tokens, source="default"),
-        counter=estimate_counter(),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class TurnContext:
-    """Everything an engine may look at for one turn."""
-
-    session_key: str
-    system_prompt: str
-    history: Sequence[Message]
-    """The conversation before this turn, in order (after the latest summary's range)."""
-    incoming: Sequence[Message]
-    """This turn's new user messages (and the turn's tool rounds so far); always sent."""
-    model: str = ""
-    settings: ContextSettings | None = None
-    summary: str | None = None
-    """The latest compaction summary, when one covers the start of the history."""
-    summary_first_seq: int | None = None
-    refresh: str | None = None
-    """The post-compaction refresh block (AGENTS.md sections), sent right after the summary."""
-    compaction_refresh: str | None = None
-    """The refresh block the first call after a new compaction will carry: `compact` sizes the
-    summary so that the prompt with it fits, and returns that prompt."""
-
-
-@dataclass(frozen=True, slots=True)
-class PlanTokens:
-    """What a plan's prompt costs, in tokens of the session's counter.
-
-    The totals cover everything the history limit lets through, before any overflow tier; the
-    parts (None when no prompt could be built) are what is actually sent.
-    """
-
-    local_total: int
-    calibrated_total: int
-    """`local_total` times the calibration ratio: what the thresholds are compared against."""
-    system: int | None = None
-    tools: int | None = None
-    summary: int | None = None
-    """The summary and the refresh block."""
-    history: int | None = None
-    incoming: int | None = None
-    sent_local: int | None = None
-    """The prompt sent, as counted locally (the provider's report calibrates against it)."""
-    prompt: int | None = None
-    """`sent_local` calibrated: the prompt's expected size at the provider."""
-
-    def to_dict(self) -> dict[str, int]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
-
-
-@dataclass(frozen=True, slots=True)
-class BudgetLine:
-    """One row of the budget table `gatehouse context explain` prints."""
-
-    name: str
-    tokens: int
-    why: str
-
-
-@dataclass(frozen=True, slots=True)
-class PlanFacts:
-    """Why a plan looks the way it does: the resolved settings, the budget and the counts."""
-
-    engine: str
-    model: str
-    window: int
-    window_source: str
-    window_warning: str | None
-    counter: str
-    counter_exact: bool
-    calibration_ratio: float
-    history_limit: int
-    history_limit_source: str
-    messages_before_limit: int
-    """Stored messages older than the history limit, not sent."""
-    budget: tuple[BudgetLine, ...]
-    tokens: PlanTokens
-    flush_threshold: int
-    compaction_threshold: int
-    to_flush: int
-    """Tokens until the memory flush is due (<= 0: due)."""
-    to_compaction: int
-    tier: Tier
-    pruned_tool_results: int = 0
-    dropped_turns: tuple[str, ...] | None = None
-    """What the overflow tier left out; None when no prompt could be built."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form (`gatehouse context explain`, the admin page): keys in this order."""
-        out: dict[str, Any] = {
-            "engine": self.engine,
-            "model": self.model,
-            "window": self.window,
-            "window_source": self.window_source,
-            "window_warning": self.window_warning,
-            "counter": self.counter,
-            "counter_exact": self.counter_exact,
-            "calibration_ratio": self.calibration_ratio,
-            "history_limit": self.history_limit,
-            "history_limit_source": self.history_limit_source,
-            "messages_before_limit": self.messages_before_limit,
-            "budget": [asdict(line) for line in self.budget],
-            "tokens": self.tokens.to_dict(),
-            "flush_threshold": self.flush_threshold,
-            "compaction_threshold": self.compaction_threshold,
-            "to_flush": self.to_flush,
-            "to_compaction": self.to_compaction,
-            "tier": self.tier.value,
-            "pruned_tool_results": self.pruned_tool_results,
-        }
-        if self.dropped_turns is not None:
-            out["dropped_turns"] = list(self.dropped_turns)
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class ContextPlan:
-    """The prompt to send, and why it looks the way it does."""
-
-    messages: list[Message]
-    notes: tuple[str, ...] = ()
-    facts: PlanFacts | None = None
-    """None when the engine keeps no budget (full history)."""
-    tier: Tier = Tier.FITS
-    error: str | None = None
-    """Set when no prompt can be built (e.g. the new message alone exceeds the window)."""
-    counted: tuple[Message, ...] = ()
-    """Stored messages whose token counts were computed this turn (for the runner to cache)."""
-
-    @property
-    def wants_compaction(self) -> bool:
-        return self.tier in (Tier.COMPACT, Tier.COMPACT_THEN_DROP)
-
-    @property
-    def wants_flush(self) -> bool:
-        """The memory flush is due before this prompt is sent: at its threshold, or when
-        compaction is about to run."""
-        return (self.facts is not None and self.facts.to_flush <= 0) or self.wants_compaction
-
-    @property
-    def tokens(self) -> PlanTokens | None:
-        return self.facts.tokens if self.facts is not None else None
-
-    def facts_dict(self) -> dict[str, Any]:
-        """The facts as JSON-ready data ({} when the engine keeps none)."""
-        return self.facts.to_dict() if self.facts is not None else {}
 
 
 @runtime_checkable
