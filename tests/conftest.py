@@ -75,6 +75,9 @@ def make_config(tmp_path: Path, database_url: str) -> MakeConfig:
             "gateway": {"data_dir": str(tmp_path / "data"), "database_url": database_url},
             "web": {"port": 0},
             "llm": {"max_retries": 1, "timeout": 5, "stream": False},
+            # Loading the embedding model costs each gateway seconds of CPU: tests that check
+            # search by meaning turn it on (memory={"embeddings": True}).
+            "memory": {"embeddings": False},
         }
         if fake is not None:
             data["llm"].update(

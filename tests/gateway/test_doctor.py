@@ -46,7 +46,7 @@ async def test_everything_ready_against_the_fakes(
 ) -> None:
     tg, slack, dc = fakes
     config = make_config(fake_llm, channels=platforms(tg, slack, dc),
-                         web={"admin_token": "x" * 16})
+                         web={"admin_token": "x" * 16}, memory={"embeddings": True})
     ensure_workspace(config.workspace)
     checks = by_name(await diagnose(config))
     assert {n: c.status for n, c in checks.items()} == {

