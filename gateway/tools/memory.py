@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from context.compaction import redact_messages, salient_sentences
+from context.compaction import ARCHIVE_TOOL, redact_messages, salient_sentences
 from context.identifiers import inline_code
 from context.salience import rank_identifiers
 from context.secrets import redact_secrets
@@ -22,13 +22,31 @@ from context.types import Message
 from gateway.model.llm import LLMError, LLMProvider
 from gateway.store import SessionRow, Store
 from gateway.tools.registry import Tool, ToolContext, ToolError, ToolRegistry
-from memory.index import MemoryIndex, SearchMode
-from memory.notes import MAX_ENTRY_CHARS, append_note, read_lines
+from memory.dedupe import Duplicate, find_duplicate
+from memory.index import Corpus, Hit, MemoryIndex, SearchMode
+from memory.notes import MAX_ENTRY_CHARS, NoteEntry, append_note, read_lines
 from memory.workspace import WorkspacePathError
 
 log = logging.getLogger(__name__)
 
 NO_REPLY = "NO_REPLY"
+
+CORPORA: dict[str, Corpus] = {"all": "all", "notes": "notes", "history": "transcripts"}
+"""memory_search's `corpus` argument → the index's corpus."""
+ARCHIVE_TOOL_HINT = f"{ARCHIVE_TOOL} shows the messages around it"
+
+
+def cite(hit: Hit, timezone: str) -> str:
+    """Where a hit comes from, in the form the agent can follow up: a note's `path:lines`
+    (memory_get takes it) or an archived message's seq in this conversation."""
+    if hit.corpus == "notes":
+        return hit.location
+    seq = (
+        f"seq {hit.start_line}" if hit.start_line == hit.end_line
+        else f"seq {hit.start_line}-{hit.end_line}"
+    )
+    role = f", {hit.role}" if hit.role else ""
+    return f"earlier in this conversation ({seq}{role}; {ARCHIVE_TOOL_HINT})"
 
 class MemoryTools:
     """The three memory tools bound to one workspace and index."""
@@ -59,14 +77,18 @@ class MemoryTools:
             ),
             Tool(
                 "memory_search",
-                "Full-text search over the workspace memory (notes, MEMORY.md; Chinese and "
-                "Japanese too). Returns file paths with line ranges and snippets.",
+                "Search what you remember: the workspace notes (memory/*.md, MEMORY.md) and "
+                "this conversation's earlier messages that were compacted out of the context, "
+                "by meaning and by keyword (any language; an exact identifier such as an order "
+                "id, path or host is matched verbatim and listed first). corpus: all "
+                "(default), notes, or history (this conversation only). Returns note paths "
+                "with line ranges (for memory_get) or message seqs, with snippets.",
                 {
                     "type": "object",
                     "properties": {
                         "query": {"type": "string", "minLength": 1},
                         "limit": {"type": "integer", "minimum": 1, "maximum": 20},
-                        "corpus": {"type": "string", "enum": ["notes", "transcripts", "all"]},
+                        "corpus": {"type": "string", "enum": list(CORPORA)},
                     },
                     "required": ["query"],
                     "additionalProperties": False,
@@ -92,36 +114,47 @@ class MemoryTools:
 
     async def _write(self, args: dict[str, Any], ctx: ToolContext) -> str:
         text, secrets = redact_secrets(str(args["text"]))
+
+        def write() -> Duplicate | NoteEntry:
+            self.index.refresh()  # a hand edit since the last search counts as said
+            earlier = find_duplicate(self.index, self.workspace, text)
+            if earlier is not None:
+                return earlier
+            return append_note(self.workspace, text, session_key=ctx.session_key, tz=self.timezone)
+
         try:
-            entry = await asyncio.to_thread(
-                append_note,
-                self.workspace,
-                text,
-                session_key=ctx.session_key,
-                tz=self.timezone,
-            )
+            entry = await asyncio.to_thread(write)
         except (ValueError, OSError) as exc:
             raise ToolError(str(exc)) from None
+        if isinstance(entry, Duplicate):
+            log.info(
+                "memory note from %s skipped: already in %s", ctx.session_key, entry.describe()
+            )
+            return f"not saved again: {entry.describe()} already holds it"
         redacted = f"; {len(secrets)} secret(s) redacted" if secrets else ""
         return f"saved to {entry.path} (lines {entry.start_line}-{entry.end_line}){redacted}"
 
-    async def _search(self, args: dict[str, Any], _ctx: ToolContext) -> str:
-        def run() -> list[Any]:
+    async def _search(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        corpus = str(args.get("corpus", "all"))
+        if corpus not in CORPORA:
+            raise ToolError(f"corpus must be one of {', '.join(CORPORA)}, not {corpus!r}")
+
+        def run() -> list[Hit]:
             self.index.refresh()  # follows file changes, hand edits included
-            return list(
-                self.index.search(
-                    str(args["query"]),
-                    limit=int(args.get("limit", 8)),
-                    corpus=str(args.get("corpus", "notes")),  # type: ignore[arg-type]
-                    # No encoder (yet, or at all): BM25, without the index's fallback warning.
-                    mode=self.search_mode if self.index.encoder is not None else "bm25",
-                )
+            return self.index.search(
+                str(args["query"]),
+                limit=int(args.get("limit", 8)),
+                corpus=CORPORA[corpus],
+                # No encoder (yet, or at all): BM25, without the index's fallback warning.
+                mode=self.search_mode if self.index.encoder is not None else "bm25",
+                # Archived messages of this conversation only: never another session's.
+                session_key=ctx.session_key,
             )
 
         hits = await asyncio.to_thread(run)
         if not hits:
             return "no matches"
-        text = "\n\n".join(f"{h.location} (score {h.score:.2f})\n{h.snippet}" for h in hits)
+        text = "\n\n".join(f"{cite(h, ctx.timezone)} (score {h.score:.2f})\n{h.snippet}" for h in hits)
         mode_used = hits[0].mode_used
         return text if mode_used == "bm25" else f"{text}\n\n(ranked by {mode_used} search)"
 

@@ -221,7 +221,7 @@ class Compactor:
         ranked: Sequence[RankedIdentifier] = (),
     ) -> None:
         """Archive the messages leaving the prompt, one by one, with their identifiers, so
-        `history_search` finds each of them again (and memory_search's transcripts corpus)."""
+        `history_search` finds each of them again (and memory_search, in this session)."""
         if self.archive is None:
             return
         covered = [m for m in messages if m.seq is not None and m.seq <= last_seq]
