@@ -105,11 +105,10 @@ async def explain(
         await gateway.resolver.fetch_metadata_now()
     runner = gateway.runner
     view = await runner.view(session.id, use_cache=False)
-    user_id = next(
-        (str(m.meta["sender_id"]) for m in reversed(view.history)
-         if m.role == "user" and m.meta.get("sender_id")),
-        session.chat_id or None,
-    )
+    # Who the DM's per-user limit belongs to: the newest sender (a Slack or Discord DM's
+    # chat id is a channel id), as the runner takes it from the message it answers.
+    senders = await gateway.store.latest_senders(session.id)
+    user_id = senders.get(session.id, session.chat_id or None)
     settings = runner.settings_for(session, user_id)
     plan = gateway.engine.assemble(runner.turn_context(session_key, view, 1 << 62, settings))
     compactions = await gateway.store.compactions(session.id)

@@ -108,6 +108,7 @@ async def session_overview(gateway: Gateway) -> list[SessionOverview]:
     store, resolver = gateway.store, gateway.resolver
     sessions = await store.list_sessions()
     counts = await store.message_counts()
+    senders = await store.latest_senders()
     records = await store.latest_turn_records()
     window = resolver.window()
     budget = make_budget(window.tokens, resolver.budget)
@@ -115,7 +116,7 @@ async def session_overview(gateway: Gateway) -> list[SessionOverview]:
     for row in sessions:
         assert row.id is not None
         tokens = pressure_tokens(row, records.get(row.id))
-        peer = row.chat_id if row.chat_type == "direct" else None
+        peer = senders.get(row.id, row.chat_id) if row.chat_type == "direct" else None
         limit = resolver.history_limit(Conversation(row.platform, row.chat_type, row.chat_id, peer))
         out.append(SessionOverview(
             key=row.key,

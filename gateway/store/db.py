@@ -71,6 +71,7 @@ class Store:
         self.mark_interrupted = self.message_repo.mark_interrupted
         self.message_count = self.message_repo.message_count
         self.message_counts = self.message_repo.message_counts
+        self.latest_senders = self.message_repo.latest_senders
 
         # turns (turns.py)
         self.claim_pending = self.turn_repo.claim_pending

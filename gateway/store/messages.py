@@ -255,6 +255,28 @@ class MessageRepository:
             stmt = stmt.where(MessageRow.session_id == session_id)
         return await self._db.read(lambda db: int(db.exec(stmt).one()))
 
+    async def latest_senders(self, session_id: int | None = None) -> dict[int, str]:
+        """The sender of each session's newest user message that names one, by session id.
+
+        The person a DM session's per-user history limit belongs to: on Slack and Discord a
+        DM's chat id is a channel id, not the user's, so only the messages say who it is."""
+        query = (
+            select(MessageRow.session_id, func.max(MessageRow.seq).label("seq"))
+            .where(MessageRow.role == "user", col(MessageRow.sender_id).is_not(None))
+            .group_by(col(MessageRow.session_id))
+        )
+        if session_id is not None:
+            query = query.where(MessageRow.session_id == session_id)
+        newest = query.subquery()
+        stmt = select(MessageRow.session_id, MessageRow.sender_id).join(
+            newest,
+            (col(MessageRow.session_id) == newest.c.session_id)
+            & (col(MessageRow.seq) == newest.c.seq),
+        )
+        return await self._db.read(
+            lambda db: {int(sid): str(sender) for sid, sender in db.exec(stmt).all()}
+        )
+
     async def message_counts(self) -> dict[int, int]:
         """Stored messages per session id, in one query (the sessions list)."""
         stmt = select(MessageRow.session_id, func.count()).group_by(col(MessageRow.session_id))
