@@ -151,7 +151,7 @@ async def test_own_dm_default_and_system_limits_agree_everywhere(
         seen[level] = key
         assert applied[key] == shown, (key, applied[key], shown)
         explanation = explained[key]
-        assert explanation is not None
+        assert explanation is not None and explanation.plan is not None
         assert explanation.plan.history_limit_source == row.history_limit_source
         assert explanation.plan.history_limit == row.history_limit
     assert set(seen) == set(expected), seen
