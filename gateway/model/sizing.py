@@ -131,13 +131,16 @@ class ContextResolver:
             self.limits, where.platform, where.chat_type, where.chat_id, where.user_id
         )
 
-    def calibration(self, session_key: str, stored_ratio: float | None = None) -> UsageCalibration:
-        """The session's usage calibration; seeded from the ratio stored with the session."""
+    def calibration(
+        self, session_key: str, stored_ratio: float | None = None, stored_samples: int = 0
+    ) -> UsageCalibration:
+        """The session's usage calibration; seeded from the ratio (and the number of reports it
+        is made of) stored with the session, so the CLI describes what the gateway uses."""
         cal = self._calibrations.get(session_key)
         if cal is None:
             cal = UsageCalibration()
             if stored_ratio is not None:
-                cal = UsageCalibration(ratio=stored_ratio, samples=1)
+                cal = UsageCalibration(ratio=stored_ratio, samples=max(1, stored_samples))
             self._calibrations[session_key] = cal
         return cal
 
@@ -147,13 +150,14 @@ class ContextResolver:
         where: Conversation,
         tools_tokens: int = 0,
         stored_ratio: float | None = None,
+        stored_samples: int = 0,
     ) -> ContextSettings:
         return ContextSettings(
             window=self.window(),
             counter=self.counter,
             history_limit=self.history_limit(where),
             budget=self.budget,
-            calibration_ratio=self.calibration(session_key, stored_ratio).ratio,
+            calibration_ratio=self.calibration(session_key, stored_ratio, stored_samples).ratio,
             tools_tokens=tools_tokens,
             keep_recent_tool_results=self.config.context.keep_recent_tool_results,
         )

@@ -123,7 +123,9 @@ async def explain(
         messages_after_summary=len(view.history),
         messages_in_prompt=len(plan.messages),
         last_reported_prompt_tokens=session.last_prompt_tokens,
-        calibration=gateway.resolver.calibration(session_key, session.token_ratio).describe(),
+        calibration=gateway.resolver.calibration(
+            session_key, session.token_ratio, session.token_ratio_samples
+        ).describe(),
         history_limit_text="unlimited" if limit.unlimited else f"last {limit.limit:,} user turns",
         notes=tuple(plan.notes),
         window_too_small=settings.window.too_small,

@@ -197,6 +197,7 @@ FINISH_TURN = (
     "UPDATE sessions SET next_seq = next_seq + 1, updated_at = :now, turns = turns + 1, "
     "last_error = :error, "
     "token_ratio = COALESCE(:ratio, token_ratio), "
+    "token_ratio_samples = COALESCE(:samples, token_ratio_samples), "
     "last_prompt_tokens = COALESCE(:prompt, last_prompt_tokens), "
     "tokens_in = tokens_in + COALESCE(:prompt, 0), "
     "tokens_out = tokens_out + COALESCE(:completion, 0) WHERE id = :id RETURNING next_seq"
@@ -336,6 +337,7 @@ class HotPath:
         completion_tokens: int | None,
         error: str | None,
         token_ratio: float | None,
+        token_ratio_samples: int | None = None,
     ) -> int:
         """The reply's seq (allocated atomically) and the turn's usage counters and outcome, in
         one statement on the session row; unknown usage leaves the counters alone."""
@@ -344,6 +346,7 @@ class HotPath:
             "now": self.d.dump_time(utcnow()),
             "error": error,
             "ratio": token_ratio,
+            "samples": token_ratio_samples,
             "prompt": prompt_tokens,
             "completion": completion_tokens,
         }

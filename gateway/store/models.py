@@ -32,6 +32,8 @@ class SessionRow(SQLModel, table=True):
     last_prompt_tokens: int | None = None
     # Provider-reported / locally counted prompt tokens (the usage calibration), per session.
     token_ratio: float | None = None
+    # How many provider reports the ratio is made of (so every process describes it alike).
+    token_ratio_samples: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     tokens_in: int = 0
     tokens_out: int = 0
     turns: int = 0

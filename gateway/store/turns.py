@@ -113,6 +113,7 @@ class TurnRepository:
         reply_status: str | None = None,
         error: str | None = None,
         token_ratio: float | None = None,
+        token_ratio_samples: int | None = None,
         token_counts: dict[int, int] | None = None,
         record: TurnRecordRow | None = None,
         outbound: OutboundMessage | None = None,
@@ -135,6 +136,7 @@ class TurnRepository:
                 completion_tokens=usage.completion_tokens,
                 error=error,
                 token_ratio=token_ratio,
+                token_ratio_samples=token_ratio_samples,
             )
             hot.insert_message_only(cursor, reply_values(session_id, seq, reply, reply_status))
             outbox_id = None

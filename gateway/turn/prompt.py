@@ -53,6 +53,7 @@ class TurnPrompts:
             where,
             tools_tokens=self.tools_tokens(),
             stored_ratio=session.token_ratio,
+            stored_samples=session.token_ratio_samples,
         )
         return replace(
             settings,

@@ -196,6 +196,7 @@ class Runner:
             reply_status=status,
             error=stats.error,
             token_ratio=_calibrated_ratio(self.resolver, session_key),
+            token_ratio_samples=self.resolver.calibration(session_key).samples or None,
             token_counts=stats.token_counts,
             record=stats.record(),
             outbound=final,

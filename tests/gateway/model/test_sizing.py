@@ -77,6 +77,23 @@ async def test_window_and_counter_are_explained(
         await rg.gateway.stop()
 
 
+async def test_the_cli_describes_the_calibration_the_gateway_uses(
+    fake_llm: FakeOpenAI, make_config: MakeConfig
+) -> None:
+    config = make_config(fake_llm)
+    key = "agent:main:webchat:direct:tester"
+    rg = await start(config)
+    try:
+        for i in range(3):
+            await rg.ask(f"hello {i}")
+        running = rg.gateway.resolver.calibration(key).describe()
+        assert "from 3 provider reports" in running
+        facts = await explain_session(config, key, fetch_metadata=False)  # another Gateway
+        assert facts is not None and facts.calibration == running
+    finally:
+        await rg.gateway.stop()
+
+
 async def test_server_reported_window_is_used(make_config: MakeConfig) -> None:
     async with FakeOpenAI(model_meta={"fake-model": {"max_model_len": 40_000}}) as fake:
         config = make_config(fake)
