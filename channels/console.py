@@ -1,13 +1,21 @@
-"""The console channel: chat with the agent from a terminal (`gatehouse chat`)."""
+"""The console channel: chat with the agent from a terminal (`gatehouse chat`).
+
+A notice the gateway sends the console user that answers none of their lines ("compacting
+earlier messages…", what a compaction kept) goes to `on_notice` at once when it is set (the
+terminal shows it while the reply is awaited); otherwise `ask` returns it ahead of the reply.
+"""
 
 from __future__ import annotations
 
 import getpass
 import uuid
+from collections import deque
+from collections.abc import Callable
 
 from channels.base import (
     AwaitsReplies,
     ChannelCapabilities,
+    OutboundMessage,
     ReplyWaiters,
     id_problem,
     is_blank,
@@ -18,12 +26,28 @@ class ConsoleChannel(AwaitsReplies):
     name = "console"
     capabilities = ChannelCapabilities(max_message_chars=1_000_000)
 
-    def __init__(self, user_id: str | None = None, reply_timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        user_id: str | None = None,
+        reply_timeout: float = 600.0,
+        on_notice: Callable[[str], None] | None = None,
+    ) -> None:
         """`user_id` None chats as the login name; a blank one (or one holding a NUL or an
         unpaired surrogate, from a non-UTF-8 command line) is refused by `ask`."""
         self.user_id = getpass.getuser() if user_id is None else user_id
         self.reply_timeout = reply_timeout
+        self.on_notice = on_notice
         self._waiters = ReplyWaiters()
+        self._notices: deque[str] = deque(maxlen=50)
+
+    async def send(self, message: OutboundMessage) -> None:
+        if message.answers or message.reply_to is not None:
+            self._waiters.resolve(message)
+        elif message.chat_id == self.user_id:
+            if self.on_notice is not None:
+                self.on_notice(message.text)
+            else:
+                self._notices.append(message.text)
 
     def user_problem(self) -> str | None:
         """Why `user_id` cannot name a chat (None: it can), as the console tells its user."""
@@ -52,6 +76,8 @@ class ConsoleChannel(AwaitsReplies):
             replies = await self._waiters.wait(
                 self.user_id, message_id, future, self.reply_timeout
             )
-            return result.session_key, replies
+            notices = list(self._notices)
+            self._notices.clear()
+            return result.session_key, [*notices, *replies]
         finally:
             self._waiters.forget(self.user_id, message_id, future)

@@ -16,6 +16,8 @@ Normalization
 - Ignored: the bot's own messages, every other bot's messages (two bots must never answer each
   other in a loop), system messages (joins, pins, boosts ...), and messages with neither text
   nor attachments (stickers, embeds only).
+- Attachments are listed (id, filename, url, content_type, size); the gateway downloads them
+  after the message is stored, through `fetch_attachment` (discord.py's CDN fetch of the url).
 
 Endpoints: ``api_base_url`` (the REST root *including the version*, e.g.
 ``https://discord.com/api/v10``) and ``gateway_url`` (``wss://gateway.discord.gg/``) are for
@@ -55,7 +57,7 @@ import contextlib
 import logging
 import re
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import aiohttp
@@ -64,6 +66,7 @@ import discord.gateway
 import discord.http
 import yarl
 
+from channels.attachments import AttachmentTooLarge, AttachmentUnavailable
 from channels.base import (
     ChannelCapabilities,
     ChatType,
@@ -73,6 +76,7 @@ from channels.base import (
     is_blank,
     send_parts,
 )
+from channels.discord_commands import SlashCommands
 from channels.formatting import DISCORD_LIMIT, DISCORD_MAX_LINES, chunk_text, preview_tail
 from channels.settings import DiscordSettings
 
@@ -151,6 +155,8 @@ class DiscordChannel:
         self._ready = asyncio.Event()
         self._saved_endpoints: tuple[str, yarl.URL] | None = None
         self._dm_channels: OrderedDict[int, discord.abc.Messageable] = OrderedDict()
+        self.slash = SlashCommands(self.name, account)
+        """The chat commands in Discord's command menu (channels/discord_commands.py)."""
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -179,6 +185,7 @@ class DiscordChannel:
         client.on_ready = self._on_ready  # type: ignore[attr-defined]
         client.on_message = self._on_message  # type: ignore[attr-defined]
         _guard_parsers(client)
+        self.slash.install(client)
         return client
 
     def _apply_endpoints(self) -> None:
@@ -201,7 +208,7 @@ class DiscordChannel:
         """Log in, connect the gateway in a background task and wait until READY."""
         if self._task is not None:
             raise RuntimeError("discord channel is already started")
-        self._handler = on_message
+        self._handler = self.slash.handler = on_message
         self._ready.clear()
         self._apply_endpoints()
         self._client = client = self._make_client()
@@ -215,6 +222,7 @@ class DiscordChannel:
             ready.cancel()
         if ready in done and not task.done():
             log.info("discord: connected as %s (%s)", client.user, client.user and client.user.id)
+            await self.slash.sync()
             return
         error: BaseException | None = None
         if task.done() and not task.cancelled():
@@ -378,6 +386,8 @@ class DiscordChannel:
         )
         if not chunks:
             return
+        if message.preview_id is None and await self.slash.answer(message, chunks):
+            return  # the follow-up of the slash command it answers
         channel = await self._messageable(message.chat_id, message.thread_id)
         reference = self._reference(message, channel)
 
@@ -486,6 +496,28 @@ class DiscordChannel:
         """Show "typing…" once (Discord shows it for about ten seconds)."""
         channel = await self._messageable(chat_id, thread_id)
         await channel.typing()
+
+    # -- attachments --------------------------------------------------------------------------
+
+    async def fetch_attachment(self, attachment: Mapping[str, Any], max_bytes: int) -> bytes:
+        """Download a listed attachment from its URL with discord.py (``get_from_cdn``, what
+        ``Attachment.read`` uses). Discord reports the size, so a file over `max_bytes` is
+        refused before anything is read."""
+        url = attachment.get("url")
+        if not isinstance(url, str) or not url:
+            raise AttachmentUnavailable("Discord listed the file without a URL")
+        size = attachment.get("size")
+        if isinstance(size, int) and size > max_bytes:
+            raise AttachmentTooLarge(size, max_bytes)
+        try:
+            data = await self.client.http.get_from_cdn(url)
+        except discord.NotFound as exc:
+            raise AttachmentUnavailable("Discord no longer has it (404)") from exc
+        except discord.HTTPException as exc:
+            raise AttachmentUnavailable(f"Discord answered HTTP {exc.status}") from exc
+        if len(data) > max_bytes:
+            raise AttachmentTooLarge(len(data), max_bytes)
+        return data
 
 
 def _guard_parsers(client: discord.Client) -> None:

@@ -25,6 +25,11 @@ class HistoryOverride(_Strict):
 
 
 DmPolicy = Literal["pairing", "allowlist", "open", "disabled"]
+QueueMode = Literal["collect", "followup", "steer", "interrupt"]
+"""What happens to messages that arrive while a turn runs (docs/channels.md, "Messages that
+arrive mid-turn"): answered together after it (`collect`), one turn each in order (`followup`),
+added to the running turn at its next model call (`steer`), or the running turn stops and they
+are answered (`interrupt`)."""
 
 
 class ChannelSection(_Strict):
@@ -40,6 +45,9 @@ class ChannelSection(_Strict):
     group_allowlist: list[str] = Field(default_factory=list)
     require_mention: bool = True
     group_buffer: int = Field(default=50, ge=0)
+    queue_mode: QueueMode | None = Field(
+        default=None, description="messages arriving mid-turn; default: [gateway] queue_mode"
+    )
     # Streaming by editing a preview message (channels that can edit: Telegram, Slack, Discord).
     stream_preview: bool = Field(
         default=False, description="show the reply as it is written, in one edited message"
@@ -77,6 +85,17 @@ class SlackSettings(ChannelSection):
     mode: Literal["socket", "http"] = "socket"
     base_url: str | None = None
     channels: dict[str, HistoryOverride] = Field(default_factory=dict)
+    reply_in_thread: bool = Field(
+        default=True,
+        description="answer a top-level channel mention in a thread under it (its own "
+        "conversation); off: at top level, in the channel's conversation",
+    )
+    slash_command: str | None = Field(
+        default="/gatehouse",
+        pattern=r"^/[a-z0-9_-]{1,31}$",
+        description="the app's slash command for the chat commands (`/gatehouse status`); "
+        "create it in the Slack app; None: none",
+    )
 
 
 class DiscordSettings(ChannelSection):

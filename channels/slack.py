@@ -49,6 +49,19 @@ Events:
 - Slack escapes ``&``, ``<`` and ``>`` in message text; inbound text is unescaped, outbound text
   is escaped once, by the mrkdwn renderer (see Outbound).
 
+Threads (``reply_in_thread``, on by default): a top-level mention in a channel gets
+``thread_id = its own ts``, so the reply opens a thread under it and the thread is the
+conversation -- its session key is the channel's plus ``:thread:<ts>``, the key every later
+message in that thread gets from its ``thread_ts``. A message in such a thread (one this process
+opened under a mention) is addressed to the bot without a new mention, as in a Discord thread the
+bot started; after a restart a mention is needed again. A mention already inside a thread is
+answered in that thread; DMs and group DMs (``mpim``) stay top-level. Off: a top-level mention is
+answered at top level, in the channel's own conversation.
+
+Files (``files`` of a ``file_share``) are listed as attachments; `fetch_attachment` downloads one
+from its ``url_private`` with the bot token (the ``files:read`` scope), which is only ever sent
+to Slack's own hosts (or the configured ``base_url``'s host).
+
 Malformed events (no channel, no user, a non-string ``text`` / ``ts`` / ``thread_ts``, a
 non-object ``user_profile``) are dropped with a warning instead of raising in the listener.
 
@@ -79,8 +92,9 @@ import logging
 import re
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urljoin, urlsplit
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 from markdown_it import MarkdownIt
@@ -101,6 +115,7 @@ from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
+from channels.attachments import AttachmentTooLarge, AttachmentUnavailable, read_bounded
 from channels.base import (
     ChannelCapabilities,
     ChatType,
@@ -111,6 +126,7 @@ from channels.base import (
     send_parts,
 )
 from channels.formatting import SLACK_LIMIT, chunk_text, plain_line
+from channels.slack_commands import SlackSlashCommand
 from channels.settings import SlackSettings
 from channels.webhooks import BadBody, loads_json, log_refusal, read_body
 
@@ -123,6 +139,8 @@ ACCEPTED_SUBTYPES = frozenset({None, "file_share", "thread_broadcast", "me_messa
 RATE_LIMIT_RETRIES = 3
 """How many times a 429 answer is retried (after its ``Retry-After``) before giving up."""
 _SEEN_LIMIT = 2048
+_THREADS_LIMIT = 4096
+_REDIRECTS = 3
 _STOP_GRACE = 10.0
 
 
@@ -363,6 +381,11 @@ class SlackChannel:
         self.app.event("message")(self._on_message_event)
         self.app.event("app_mention")(self._on_mention_event)
         self.app.event(re.compile(".*"))(self._on_other_event)
+        self.slash: SlackSlashCommand | None = None
+        """The chat commands as one slash command (channels/slack_commands.py)."""
+        if settings.slash_command:
+            self.slash = SlackSlashCommand(settings.slash_command, self.name)
+            self.app.command(settings.slash_command)(self._on_slash_command)
         self.bot_user_id: str | None = None
         self.bot_id: str | None = None
         self._mention: re.Pattern[str] | None = None
@@ -371,6 +394,8 @@ class SlackChannel:
         self._socket: _SocketModeHandler | None = None
         self._seen: OrderedDict[tuple[str, str | None], None] = OrderedDict()
         self._inflight: set[asyncio.Task[Any]] = set()
+        self._threads: OrderedDict[tuple[str, str], None] = OrderedDict()
+        """(channel, thread ts) of threads opened under a mention (`reply_in_thread`)."""
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -487,6 +512,11 @@ class SlackChannel:
     # -- outbound ---------------------------------------------------------------------------
 
     async def send(self, message: OutboundMessage) -> None:
+        chunks = slack_chunks(message.text, SLACK_LIMIT)
+        if self.slash is not None and message.preview_id is None:
+            if await self.slash.answer(message, chunks, self.client.session):
+                return  # through the response_url of the slash command it answers
+
         async def send_one(index: int, chunk: str) -> None:
             if index == 0 and message.preview_id is not None:
                 if await self._edit_preview(message.chat_id, message.preview_id, chunk):
@@ -495,7 +525,7 @@ class SlackChannel:
                 channel=message.chat_id, text=chunk, thread_ts=message.thread_id
             )
 
-        await send_parts(slack_chunks(message.text, SLACK_LIMIT), message, send_one)
+        await send_parts(chunks, message, send_one)
 
     async def send_preview(self, message: OutboundMessage) -> str:
         """The streamed preview: the raw text (escaped, not converted), in the reply's thread."""
@@ -525,6 +555,55 @@ class SlackChannel:
             return False
         return True
 
+    # -- attachments ------------------------------------------------------------------------
+
+    async def fetch_attachment(self, attachment: Mapping[str, Any], max_bytes: int) -> bytes:
+        """Download a shared file from its ``url_private`` with the bot token.
+
+        The token goes only to Slack's hosts (or the configured ``base_url``'s); redirects are
+        followed by hand so it never travels anywhere else. Slack answers a token without the
+        ``files:read`` scope with its sign-in page (HTML, status 200): refused as such.
+        """
+        url = attachment.get("url")
+        if not isinstance(url, str) or not url:
+            raise AttachmentUnavailable("Slack listed the file without a download URL")
+        size = attachment.get("size")
+        if isinstance(size, int) and size > max_bytes:
+            raise AttachmentTooLarge(size, max_bytes)
+        session = self.client.session
+        if session is None or session.closed:
+            raise AttachmentUnavailable("the Slack channel is not running")
+        claimed = attachment.get("mimetype")
+        for _hop in range(_REDIRECTS + 1):
+            if not self._token_may_go_to(url):
+                raise AttachmentUnavailable(
+                    f"its URL is not on Slack ({urlsplit(url).hostname!r}); "
+                    "the bot token is not sent there"
+                )
+            headers = {"Authorization": f"Bearer {self.client.token}"}
+            async with session.get(url, headers=headers, allow_redirects=False) as response:
+                location = response.headers.get("Location")
+                if response.status in (301, 302, 303, 307, 308) and location:
+                    url = urljoin(url, location)
+                    continue
+                if response.status != 200:
+                    raise AttachmentUnavailable(f"Slack answered HTTP {response.status}")
+                if response.content_type == "text/html" and claimed != "text/html":
+                    raise AttachmentUnavailable(
+                        "Slack sent a web page instead of the file (does the app have the "
+                        "files:read scope?)"
+                    )
+                return await read_bounded(response, max_bytes)
+        raise AttachmentUnavailable("Slack redirected the download too often")
+
+    def _token_may_go_to(self, url: str) -> bool:
+        parts = urlsplit(url)
+        host = (parts.hostname or "").lower()
+        if parts.scheme == "https" and (host == "slack.com" or host.endswith(".slack.com")):
+            return True
+        configured = urlsplit(self.client.base_url).hostname
+        return bool(host) and host == (configured or "").lower()
+
     # -- inbound ----------------------------------------------------------------------------
 
     def normalize(self, event: Any) -> InboundMessage | None:
@@ -550,6 +629,22 @@ class SlackChannel:
 
     async def _on_mention_event(self, event: dict[str, Any]) -> None:
         await self._dispatch(event)
+
+    async def _on_slash_command(self, ack: Any, command: dict[str, Any]) -> None:
+        """A chat command from the slash command: stored, then acknowledged (as events are)."""
+        handler, slash = self._handler, self.slash
+        msg = slash.normalize(command) if slash is not None else None
+        if handler is None or slash is None or msg is None:
+            await ack(text="The bot cannot take this command right now; try again shortly.")
+            return
+        trigger = msg.platform_message_id or ""
+        slash.expect(trigger, command.get("response_url"))
+        try:
+            await handler(msg)
+        except Exception:
+            slash.forget(trigger)  # not stored: no ack, so Slack tells the user it failed
+            raise
+        await ack()
 
     async def _on_other_event(self) -> None:
         """Ack event types we don't use, so Slack doesn't retry them."""
@@ -605,6 +700,10 @@ class SlackChannel:
         if self._mention is not None:
             text, hits = self._mention.subn("", text)
             mentioned = mentioned or hits > 0
+        channel = str(event.get("channel"))
+        thread_ts = event.get("thread_ts")
+        if thread_ts is not None and (channel, thread_ts) in self._threads:
+            mentioned = True  # the bot's own thread: no mention needed (see the module doc)
         text = _unescape(re.sub(r"[ \t]{2,}", " ", text).strip())
         attachments = tuple(
             {
@@ -621,7 +720,15 @@ class SlackChannel:
             log.debug("slack: ignoring %s event with neither text nor files", event.get("type"))
             return None
         ts = str(event.get("ts") or event.get("event_ts") or "")
-        thread_ts = event.get("thread_ts")
+        thread_id = thread_ts
+        if (
+            thread_ts is None and ts and mentioned and chat_type == "channel"
+            and self.settings.reply_in_thread
+        ):
+            thread_id = ts  # answered in a thread under the mention: that thread's conversation
+            self._threads[(channel, ts)] = None
+            while len(self._threads) > _THREADS_LIMIT:
+                self._threads.popitem(last=False)
         profile = event.get("user_profile") or {}
         names = (profile.get(k) for k in ("display_name", "real_name", "name"))
         sender_name = next((n for n in names if isinstance(n, str) and n), None)
@@ -632,11 +739,11 @@ class SlackChannel:
         return InboundMessage(
             platform=self.name,
             chat_type=chat_type,
-            chat_id=str(event.get("channel")),
+            chat_id=channel,
             sender_id=str(event["user"]),
             sender_name=sender_name,
             text=text,
-            thread_id=thread_ts,
+            thread_id=thread_id,
             reply_to=thread_ts,
             was_mentioned=mentioned,
             attachments=attachments,

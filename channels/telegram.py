@@ -46,7 +46,8 @@ of wedging the poller. Either way later updates are processed normally.
 Ignored on purpose: the bot's own messages, edited messages (an edit never re-triggers a turn;
 they are not even requested via ``allowed_updates``), channel posts, and service messages that
 carry neither text nor an attachment (joins, pins, topic creation...). Attachments are listed by
-``file_id`` and never downloaded here.
+``file_id``; the gateway downloads them later, after the message is stored, through
+`fetch_attachment` (``getFile``, then the file URL under ``<base_url>/file/bot<token>/``).
 """
 
 from __future__ import annotations
@@ -57,13 +58,13 @@ import hmac
 import html
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from aiohttp import web
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
-from telegram import Bot, Message, MessageEntity, Update, User
+from telegram import Bot, BotCommand, Message, MessageEntity, Update, User
 from telegram.constants import ChatAction, ChatType, ParseMode
 from telegram.error import BadRequest, RetryAfter, TelegramError
 from telegram.ext import (
@@ -76,6 +77,7 @@ from telegram.ext import (
 )
 from telegram.request import HTTPXRequest
 
+from channels.attachments import AttachmentTooLarge, AttachmentUnavailable
 from channels.base import (
     ChannelCapabilities,
     InboundHandler,
@@ -84,6 +86,7 @@ from channels.base import (
     is_blank,
     send_parts,
 )
+from channels.commands import CHAT_COMMANDS
 from channels.formatting import TELEGRAM_LIMIT, chunk_text, plain_line
 from channels.settings import TelegramSettings
 from channels.webhooks import BadBody, loads_json, log_refusal, read_body
@@ -528,6 +531,7 @@ class TelegramChannel:
         try:
             # initialize() called getMe; `bot.bot` is that User (id and username for mentions).
             self._me = app.bot.bot
+            await self._set_commands(app.bot)
             if self.settings.mode == "webhook":
                 await app.bot.set_webhook(
                     url=self.settings.webhook_url or "",
@@ -547,6 +551,15 @@ class TelegramChannel:
             raise
         self._app = app
         log.info("telegram: started as @%s (%s mode)", self._me.username, self.settings.mode)
+
+    async def _set_commands(self, bot: Bot) -> None:
+        """The bot's command menu (``setMyCommands``): the chat commands, which also work typed
+        as plain text. A convenience: a refusal is logged and the channel starts anyway."""
+        commands = [BotCommand(c.name, c.description) for c in CHAT_COMMANDS]
+        try:
+            await bot.set_my_commands(commands)
+        except TelegramError as exc:
+            log.warning("telegram: could not set the command menu: %s", exc)
 
     async def stop(self) -> None:
         """Stop polling (the pending long poll is cancelled), finish the handler, close HTTP."""
@@ -772,3 +785,33 @@ class TelegramChannel:
         await self.bot.send_chat_action(
             chat_id, ChatAction.TYPING, message_thread_id=int(thread_id) if thread_id else None
         )
+
+    # -- attachments --------------------------------------------------------------------------
+
+    download_timeout = 60.0
+    """Seconds PTB may take to read one file."""
+
+    async def fetch_attachment(self, attachment: Mapping[str, Any], max_bytes: int) -> bytes:
+        """Download a listed file: ``getFile`` for its path and size, then the file itself.
+
+        The cloud Bot API hands bots files of at most 20 MB ("file is too big" beyond). A
+        ``file_path`` that is no URL (a Bot API server in ``--local`` mode names a file on its
+        own disk) is refused: PTB would read that path from this machine's disk.
+        """
+        file_id = attachment.get("file_id")
+        if not isinstance(file_id, str) or not file_id:
+            raise AttachmentUnavailable("Telegram listed the file without an id")
+        try:
+            file = await self.bot.get_file(file_id)
+        except BadRequest as exc:
+            if "too big" in exc.message.lower():
+                raise AttachmentTooLarge(None, max_bytes) from exc
+            raise AttachmentUnavailable(f"Telegram refused it: {exc.message}") from exc
+        if file.file_size is not None and file.file_size > max_bytes:
+            raise AttachmentTooLarge(file.file_size, max_bytes)
+        if not str(file.file_path or "").startswith(("https://", "http://")):
+            raise AttachmentUnavailable("Telegram gave no download URL for it")
+        data = bytes(await file.download_as_bytearray(read_timeout=self.download_timeout))
+        if len(data) > max_bytes:
+            raise AttachmentTooLarge(len(data), max_bytes)
+        return data

@@ -331,6 +331,7 @@ class DefaultContextEngine(BuiltinEngine):
             incoming=incoming_tokens,
             sent_local=sent_local,
             prompt=round(sent_local * ratio),
+            tool_results=sum(m.tokens or 0 for m in kept if m.role == "tool"),
         )
         facts = self._facts(
             settings, budget, turn, start, sent, tier, pruned, tuple(dropped_desc)

@@ -87,6 +87,8 @@ class PlanTokens:
     """The prompt sent, as counted locally (the provider's report calibrates against it)."""
     prompt: int | None = None
     """`sent_local` calibrated: the prompt's expected size at the provider."""
+    tool_results: int | None = None
+    """The tool results among `history` (they count in it too), against their own share."""
 
     def to_dict(self) -> dict[str, int]:
         return {k: v for k, v in asdict(self).items() if v is not None}

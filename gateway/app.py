@@ -18,12 +18,15 @@ from channels.base import (
     OutboundMessage,
     PartlySent,
     TypingChannel,
+    is_blank,
     platform_failure,
 )
+from channels.commands import parse_command
 from context.compaction import CompactionResult
 from context.types import Message
-from gateway.config import Config
+from gateway.config import Config, ReloadPlan, apply_reload, reload_plan
 from gateway.inbound.access import AccessPolicy
+from gateway.inbound.attachments import AttachmentIntake
 from gateway.inbound.lanes import LanesClosedError, SessionLanes
 from gateway.inbound.session_keys import SessionKeyer
 from gateway.inbound.text import clean_inbound, clean_text, inbound_problem
@@ -38,7 +41,7 @@ from gateway.model.sizing import ContextResolver
 from gateway.model.summarizer import make_summary_call, summary_provider
 from gateway.store import CompactionRow, SessionInfo, SessionRow, Store
 from gateway.store.faults import storage_faults
-from gateway.store.messages import CONTEXT_STATUS
+from gateway.store.messages import CONTEXT_STATUS, FETCHING_STATUS
 from gateway.tools.history import HistoryTools
 from gateway.tools.memory import MemoryFlush, MemoryTools
 from gateway.tools.registry import ToolRegistry, default_registry
@@ -100,6 +103,7 @@ class Gateway:
             archive=self._archive,
             on_turn=self.metrics.observe_turn,
             on_compaction=self.metrics.observe_compaction,
+            describe=self.describe_session,
         )
         self.runner = Runner(
             config,
@@ -133,6 +137,12 @@ class Gateway:
                     self.tools.register(tool)
         self.metrics.watch_lanes(self.lanes)
         self.access = AccessPolicy(config, self.store)
+        self.intake = AttachmentIntake(
+            config, self.store, self.channels,
+            notify=self.lanes.notify, hold=self.lanes.hold,
+            send_stored=self.delivery.send, count_tokens=self.count_tokens,
+        )
+        self.llm.show_workspace_images(config.workspace)  # photos, to a vision model
         self._started = False
         self._sweeper: asyncio.Task[None] | None = None
         self._encoder_task: asyncio.Task[None] | None = None
@@ -143,6 +153,16 @@ class Gateway:
             # A caller waiting for a reply can find it stored (a repeat, or a reply sent
             # elsewhere): see `channels.base.ReplyWaiters`.
             channel.stored_reply = partial(self.store.reply_to, channel.name)
+
+    def reload_config(self, new: Config, started_from: Config) -> ReloadPlan:
+        """Apply what a reload may change while running: history limits and access lists,
+        copied into the running config in place, in one step between two awaits, so nothing
+        stops: a turn in flight finishes, the next prompt and the next access check use the new
+        values. The plan also names the other changed keys, which need a restart."""
+        plan = reload_plan(self.config, started_from, new)
+        apply_reload(self.config, new)
+        self.resolver.reload_limits()
+        return plan
 
     async def open(self, fetch_metadata: bool = True) -> None:
         """Workspace, store and token counter: what the CLI needs without any channel."""
@@ -199,6 +219,7 @@ class Gateway:
             log.info("resuming unanswered messages in %s", session.key)
             self.lanes.notify(session.key)
         self._sweeper = asyncio.create_task(self._sweep_pending(), name="pending-sweep")
+        await self.intake.resume()  # downloads a stop interrupted
         if self.config.scheduler.enabled:
             await self.scheduler.start(self, self.maintenance.jobs())
             if not self.store.is_sqlite and self.scheduler.fires_jobs:
@@ -254,6 +275,7 @@ class Gateway:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+        await self.intake.close(grace)
         await self.lanes.close(grace)
         await self.delivery.close()
         for channel in self.channels.values():
@@ -276,6 +298,9 @@ class Gateway:
             return InboundResult(None, accepted=False, reason=refused)
         msg = clean_inbound(msg)
         text, problem = clean_text(msg.text, self.config.gateway.max_message_chars)
+        alone = bool(msg.attachments) and is_blank(text)  # an attachment alone is a message
+        if alone:
+            text, problem = "", None
         key = self.keyer.key_for(msg)
         if problem is not None:
             await self._reply_directly(msg, key, problem)
@@ -286,7 +311,7 @@ class Gateway:
             if decision.reply:
                 await self._reply_directly(msg, key, decision.reply)
             return InboundResult(key, accepted=False, reason=decision.reason)
-        if not msg.is_direct:
+        if not msg.is_direct and parse_command(text) is None:  # a command stays as typed
             text = f"{msg.sender_name or msg.sender_id}: {text}"  # who said it, for the model
         if text != msg.text:
             msg = replace(msg, text=text)
@@ -300,18 +325,25 @@ class Gateway:
             account=msg.account,
         )
         as_context = decision.verdict == "context"
+        status, content = (CONTEXT_STATUS if as_context else None), None
+        if msg.attachments:  # stored now, downloaded after: gateway/inbound/attachments.py
+            status, content = self.intake.arrival(msg, alone=alone, as_context=as_context)
         _session_id, row = await self.store.accept_inbound(
-            info, msg, status=CONTEXT_STATUS if as_context else None
+            info, msg, status=status, content=content
         )
         if row is None:
             return InboundResult(key, accepted=False, duplicate=True, reason="duplicate message")
         if as_context:
             return InboundResult(key, accepted=True, reason=decision.reason)
+        if row.status == FETCHING_STATUS:  # its turn comes once the files are saved
+            self.intake.fetch(row, key, msg.thread_id, msg.account)
+            return InboundResult(key, accepted=True)
         try:
             self.lanes.notify(key)
         except LanesClosedError:
             # Persisted: it will be answered when the gateway starts again.
             return InboundResult(key, accepted=False, reason="the gateway is shutting down")
+        self.runner.arrivals.arrived(key)  # a running turn may steer or stop (queue_mode)
         return InboundResult(key, accepted=True)
 
     async def _reply_directly(self, msg: InboundMessage, key: str, text: str) -> None:
@@ -408,6 +440,13 @@ class Gateway:
         return PromptSize(
             tokens=facts.tokens.calibrated_total, compaction_threshold=facts.compaction_threshold
         )
+
+    async def describe_session(self, session_key: str, command: str) -> str:
+        """The answer to the chat command `/status` or `/context` (gateway/turn/commands.py)."""
+        # The operations import this module: imported when first used, not at the top.
+        from gateway.operations.chat import describe
+
+        return await describe(self, session_key, command)
 
     async def compact_idle(self, session_key: str) -> CompactionResult | None:
         return await self.runner.compact_session(session_key, reason="idle")

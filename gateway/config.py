@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -33,6 +34,7 @@ from channels.settings import ConsoleSettings as ConsoleSettings
 from channels.settings import DiscordSettings as DiscordSettings
 from channels.settings import DmPolicy as DmPolicy
 from channels.settings import HistoryOverride as HistoryOverride
+from channels.settings import QueueMode as QueueMode
 from channels.settings import SlackSettings as SlackSettings
 from channels.settings import TelegramSettings as TelegramSettings
 from channels.settings import WebchatSettings as WebchatSettings
@@ -181,6 +183,11 @@ class GatewaySection(_Strict):
     )
     system_prompt: str = "You are a helpful assistant."
     max_message_chars: int = Field(default=100_000, ge=1, description="longer inbound is refused")
+    queue_mode: QueueMode = Field(
+        default="collect",
+        description="messages arriving mid-turn (collect, followup, steer, interrupt); "
+        "[channels.<name>] queue_mode overrides it",
+    )
 
     @field_validator("timezone")
     @classmethod
@@ -218,6 +225,10 @@ class LLMSection(_Strict):
     local_model: bool = Field(
         default=True,
         description="with no endpoint configured, start the bundled offline model if installed",
+    )
+    vision: bool = Field(
+        default=False,
+        description="the model reads images: photos people send reach it as image parts",
     )
     _managed_by: str | None = PrivateAttr(default=None)
 
@@ -352,6 +363,10 @@ class ContextSection(_Strict):
     compaction_cooldown_seconds: int = Field(default=600, ge=0)
     max_ineffective_compactions: int = Field(default=2, ge=1)
     overflow_retries: int = Field(default=3, ge=0, le=10)
+    notify_compaction: bool = Field(
+        default=True,
+        description="tell the chat when a compaction starts and, after it, what it kept",
+    )
 
     @model_validator(mode="after")
     def _shares_fit(self) -> ContextSection:
@@ -471,6 +486,15 @@ class AgentSection(_Strict):
     max_context_tokens: int | None = Field(default=None, ge=1)
 
 
+class AttachmentsSection(_Strict):
+    """Files people send (photos, documents, voice notes): saved to the workspace's inbox/."""
+
+    max_bytes: int = Field(
+        default=20 * 1024 * 1024, ge=1, description="larger attachments are refused, not saved"
+    )
+    download_timeout: float = Field(default=60.0, gt=0, description="seconds per attachment")
+
+
 class Config(_Strict):
     gateway: GatewaySection = Field(default_factory=GatewaySection)
     llm: LLMSection = Field(default_factory=LLMSection)
@@ -482,8 +506,16 @@ class Config(_Strict):
     scheduler: SchedulerSection = Field(default_factory=SchedulerSection)
     models: dict[str, ModelSection] = Field(default_factory=dict)
     agent: AgentSection = Field(default_factory=AgentSection)
+    attachments: AttachmentsSection = Field(default_factory=AttachmentsSection)
 
     source: Path | None = Field(default=None, exclude=True)
+    _notices: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def notices(self) -> list[str]:
+        """Optional features turned off because their `${VAR}` is not set, one line each (the
+        variable's name, never a value): logged once by whoever loads the config."""
+        return list(self._notices)
 
     @property
     def data_dir(self) -> Path:
@@ -510,24 +542,93 @@ class Config(_Strict):
 
 
 def interpolate_env(value: Any, env: dict[str, str] | None = None, where: str = "") -> Any:
-    """Replace `${NAME}` (or `${NAME:-default}`) in every string, recursively."""
-    env = dict(os.environ) if env is None else env
+    """Replace `${NAME}` (or `${NAME:-default}`) in every string, recursively; an unset
+    variable without a default is a ConfigError naming the key and the variable."""
+    unset: list[tuple[tuple[str | int, ...], str]] = []
+    result = _interpolate(value, dict(os.environ) if env is None else env, (), unset)
+    if unset:
+        path, name = unset[0]
+        shown = ".".join(p for p in (where, _dotted(path)) if p)
+        raise ConfigError(f"{shown or 'value'}: environment variable ${{{name}}} is not set")
+    return result
+
+
+def _interpolate(
+    value: Any, env: dict[str, str], path: tuple[str | int, ...],
+    unset: list[tuple[tuple[str | int, ...], str]],
+) -> Any:
+    """`interpolate_env`, noting each (key path, variable) left unset instead of raising: the
+    value of such a key is left as written."""
     if isinstance(value, str):
+        missing = [
+            m.group(1) for m in _ENV_REF.finditer(value)
+            if m.group(1) not in env and m.group(2) is None
+        ]
+        if missing:
+            unset.extend((path, name) for name in dict.fromkeys(missing))
+            return value
 
         def sub(match: re.Match[str]) -> str:
             name, default = match.group(1), match.group(2)
-            if name in env:
-                return env[name]
-            if default is not None:
-                return default
-            raise ConfigError(f"{where or 'value'}: environment variable ${{{name}}} is not set")
+            return env[name] if name in env else str(default)
 
         return _ENV_REF.sub(sub, value)
     if isinstance(value, dict):
-        return {k: interpolate_env(v, env, f"{where}.{k}" if where else k) for k, v in value.items()}
+        return {k: _interpolate(v, env, (*path, k), unset) for k, v in value.items()}
     if isinstance(value, list):
-        return [interpolate_env(v, env, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [_interpolate(v, env, (*path, i), unset) for i, v in enumerate(value)]
     return value
+
+
+def _dotted(path: tuple[str | int, ...]) -> str:
+    """A key path as the errors write it: `channels.telegram.token`, `web.allowed_hosts[0]`."""
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+OPTIONAL_FEATURE_KEYS: dict[tuple[str | int, ...], str] = {
+    ("web", "admin_token"): "the admin UI (/admin/) is off",
+}
+"""Keys whose unset `${VAR}` turns a feature off (one warning) instead of failing the config;
+so does any unset variable under `[channels.<name>]`: that channel is off. Every other unset
+variable (the [llm] endpoint and key, the database URL, the summarizer's endpoint...) is an
+error naming the key and the variable: running on without it would answer with another model,
+or store into another database."""
+
+
+def _drop_unset_features(
+    data: dict[str, Any], unset: list[tuple[tuple[str | int, ...], str]], source: str
+) -> tuple[list[str], dict[str, str]]:
+    """Remove the keys of optional features whose variable is unset from `data`: (one notice
+    per feature turned off, the channels to turn off with the notice for each). A required
+    key's unset variable is a ConfigError listing every such key."""
+    notices: list[str] = []
+    channels_off: dict[str, str] = {}
+    required: list[str] = []
+    for path, name in unset:
+        key = _dotted(path)
+        channel = path[1] if len(path) >= 3 and path[0] == "channels" else None
+        if path in OPTIONAL_FEATURE_KEYS:
+            notices.append(f"{key}: ${{{name}}} is not set: {OPTIONAL_FEATURE_KEYS[path]}")
+        elif isinstance(channel, str) and channel in ChannelsSection.model_fields:
+            channels_off.setdefault(
+                channel, f"{key}: ${{{name}}} is not set: the {channel} channel is off"
+            )
+        else:
+            required.append(f"  {key}: environment variable ${{{name}}} is not set")
+            continue
+        parent: Any = data
+        for part in path[:-1]:
+            parent = parent[part]
+        parent.pop(path[-1], None)
+    if required:
+        raise ConfigError("\n".join([
+            f"{source}: a required environment variable is not set (export it, or write "
+            "${NAME:-default} in the file)", *dict.fromkeys(required),
+        ]))
+    return notices, channels_off
 
 
 def _raw_secrets(value: Any, name: str = "") -> list[str]:
@@ -571,11 +672,21 @@ def _format_validation_error(exc: ValidationError, source: str, data: Any = None
 
 
 def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
-    data = interpolate_env(data)
+    """Validate config data after `${VAR}` expansion. An optional feature whose variable is
+    unset is turned off, with a notice in `Config.notices` (see OPTIONAL_FEATURE_KEYS)."""
+    unset: list[tuple[tuple[str | int, ...], str]] = []
+    data = _interpolate(data, dict(os.environ), (), unset)
+    notices, channels_off = _drop_unset_features(data, unset, source)
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_validation_error(exc, source, data)) from None
+    for name, notice in channels_off.items():
+        section = config.channels.get(name)
+        if section.enabled:  # a disabled channel's missing token turns nothing off
+            section.enabled = False
+            notices.append(notice)
+    config._notices = notices
     return config
 
 
@@ -612,3 +723,117 @@ def load_config(explicit: Path | None = None) -> Config:
     config = parse_config(data, str(path))
     config.source = path.resolve()
     return config
+
+
+# -- Reload (SIGHUP, `gatehouse reload`) -------------------------------------------------------
+
+RELOADABLE_LIMITS = ("history_limit", "dm_history_limit", "dms", "groups", "channels")
+"""A channel's history-limit keys (with `[context] history_limit`): a reload applies them."""
+RELOADABLE_ACCESS = ("dm_policy", "allow_from", "group_allowlist", "require_mention")
+"""A channel's access keys: a reload applies them."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadPlan:
+    """What a reload changes in a running gateway, and what it cannot."""
+
+    changes: list[str] = field(default_factory=list)
+    """One line per kind, e.g. "history limits: telegram dm 40 → 30"."""
+    restart: list[str] = field(default_factory=list)
+    """The other keys that differ from the file the gateway started with (names only: a value
+    may be a secret): kept as they were until a restart."""
+
+
+def _limit_text(value: int | None) -> str:
+    return "unset" if value is None else "unlimited" if value == 0 else str(value)
+
+
+def _limits(section: ChannelSection, table: str) -> dict[str, int | None]:
+    overrides: dict[str, HistoryOverride] = getattr(section, table, None) or {}
+    return {key: item.history_limit for key, item in overrides.items()}
+
+
+def _list_change(name: str, key: str, old: list[str], new: list[str]) -> str | None:
+    added = [x for x in new if x not in old]
+    removed = [x for x in old if x not in new]
+    if not added and not removed:
+        return None
+    parts = [f"+{x}" for x in added] + [f"-{x}" for x in removed]
+    return f"{name} {key} {' '.join(parts)}"
+
+
+def reload_plan(running: Config, started_from: Config, new: Config) -> ReloadPlan:
+    """What reloading `new` changes in the `running` config (history limits and access lists),
+    and which other keys of the file differ from `started_from` (the file as the gateway read it
+    at start or at its last reload) and so need a restart."""
+    limits: list[str] = []
+    access: list[str] = []
+    if running.context.history_limit != new.context.history_limit:
+        limits.append(
+            f"default {_limit_text(running.context.history_limit)} → "
+            f"{_limit_text(new.context.history_limit)}"
+        )
+    for name in ChannelsSection.model_fields:
+        old, now = running.channels.get(name), new.channels.get(name)
+        for key, label in (("dm_history_limit", "dm"), ("history_limit", "groups")):
+            before, after = getattr(old, key), getattr(now, key)
+            if before != after:
+                limits.append(f"{name} {label} {_limit_text(before)} → {_limit_text(after)}")
+        for table, label in (("dms", "dm"), ("groups", "group"), ("channels", "channel")):
+            before_t, after_t = _limits(old, table), _limits(now, table)
+            for key in sorted(before_t.keys() | after_t.keys()):
+                if before_t.get(key) != after_t.get(key):
+                    limits.append(
+                        f"{name} {label} {key} {_limit_text(before_t.get(key))} → "
+                        f"{_limit_text(after_t.get(key))}"
+                    )
+        if old.dm_policy != now.dm_policy:
+            access.append(f"{name} dm_policy {old.dm_policy} → {now.dm_policy}")
+        for key in ("allow_from", "group_allowlist"):
+            line = _list_change(name, key, getattr(old, key), getattr(now, key))
+            if line:
+                access.append(line)
+        if old.require_mention != now.require_mention:
+            access.append(
+                f"{name} require_mention {str(old.require_mention).lower()} → "
+                f"{str(now.require_mention).lower()}"
+            )
+    changes = []
+    if limits:
+        changes.append("history limits: " + ", ".join(limits))
+    if access:
+        changes.append("access: " + "; ".join(access))
+    return ReloadPlan(changes, _restart_keys(started_from, new))
+
+
+def _reloadable(path: tuple[str, ...]) -> bool:
+    if path == ("context", "history_limit"):
+        return True
+    return (
+        len(path) == 3 and path[0] == "channels"
+        and path[2] in (*RELOADABLE_LIMITS, *RELOADABLE_ACCESS)
+    )
+
+
+def _restart_keys(old: BaseModel, new: BaseModel, path: tuple[str, ...] = ()) -> list[str]:
+    found: list[str] = []
+    for name in type(old).model_fields:
+        if name == "source" or _reloadable((*path, name)):
+            continue
+        before, after = getattr(old, name), getattr(new, name)
+        if isinstance(before, BaseModel) and isinstance(after, BaseModel):
+            found += _restart_keys(before, after, (*path, name))
+        elif before != after:
+            found.append(".".join((*path, name)))
+    return found
+
+
+def apply_reload(running: Config, new: Config) -> None:
+    """Copy the reloadable keys (history limits, access lists) of `new` into `running`, in
+    place: everything holding the running config sees them at its next read."""
+    running.context.history_limit = new.context.history_limit
+    for name in ChannelsSection.model_fields:
+        target, source = running.channels.get(name), new.channels.get(name)
+        for key in (*RELOADABLE_LIMITS, *RELOADABLE_ACCESS):
+            if key in type(target).model_fields:
+                setattr(target, key, getattr(source, key))

@@ -354,7 +354,10 @@ async def run_doctor(config_path: Path | None) -> tuple[Config | None, list[Chec
                             "Fix the key named above in the file (unknown keys and bad values "
                             "are rejected, never ignored).")]
     source = str(config.source) if config.source else "no config file: defaults"
-    checks = [Check("config", "ready", source), *await diagnose(config)]
+    # An optional feature whose ${VAR} is not set is off: a warning each, not a problem.
+    off = [Check("feature off", "warning", notice, "Export the variable to turn it on.")
+           for notice in config.notices]
+    checks = [Check("config", "ready", source), *off, *await diagnose(config)]
     # An SDK's or a server's error text may quote a credential back: none reaches the table.
     secrets = sorted({s for s in secret_values(config) if len(s) >= 8}, key=len, reverse=True)
 

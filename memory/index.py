@@ -59,6 +59,8 @@ from memory.vectors import (
     MMR_LAMBDA,
     VECTOR_SCHEMA,
     VectorIndex,
+    decay_factors,
+    decayed,
     forget_vectors,
     fuse,
 )
@@ -445,7 +447,7 @@ class MemoryIndex:
         workspace: Path,
         *,
         suffixes: Sequence[str] = (".md",),
-        exclude_dirs: Sequence[str] = ("artifacts",),
+        exclude_dirs: Sequence[str] = ("artifacts", "inbox"),  # inbox: files people sent
         search_transcripts: bool = True,
         encoder: Encoder | None = None,
     ) -> None:
@@ -935,16 +937,22 @@ class MemoryIndex:
         *,
         session_key: str | None = None,
         mmr_lambda: float | None = MMR_LAMBDA,
+        half_life_days: float | None = None,
     ) -> list[Hit]:
         """The best chunks for `query`.
 
         "bm25": chunks with every term first, then with some, by BM25. "vector": by cosine to
-        the query's embedding. "hybrid": reciprocal rank fusion of both lists, except that BM25
-        hits holding an identifier of the query verbatim come first (an embedding blurs
-        ORD-88123 into ORD-88124). Vector and hybrid pick with MMR (`mmr_lambda`, None: off)
-        so near-identical chunks do not fill the top. Without an encoder, or if it fails, they
-        fall back to BM25 and each hit's `mode_used` says so. `session_key` confines the
+        the query's embedding. "hybrid": reciprocal rank fusion of both lists, each BM25 hit's
+        vote weighted by the share of the query's IDF it matched (`memory.vectors`), except
+        that BM25 hits holding an identifier of the query verbatim come first (an embedding
+        blurs ORD-88123 into ORD-88124). Vector and hybrid pick with MMR (`mmr_lambda`, None:
+        off) so near-identical chunks do not fill the top. Without an encoder, or if it fails,
+        they fall back to BM25 and each hit's `mode_used` says so. `session_key` confines the
         transcripts searched to that session's (notes are not per session).
+
+        `half_life_days` (None: off) multiplies each score by 0.5 ** (age / half-life), the age
+        from a daily note's name (memory/YYYY-MM-DD.md) or an archived message's time;
+        MEMORY.md and undated files never decay. In BM25 mode it reorders within each tier.
         """
         if corpus not in ("notes", "transcripts", "all"):
             raise ValueError(f"corpus must be 'notes', 'transcripts' or 'all', not {corpus!r}")
@@ -952,6 +960,8 @@ class MemoryIndex:
             raise ValueError(f"mode must be 'bm25', 'vector' or 'hybrid', not {mode!r}")
         terms = query_terms(query)
         limit = max(1, min(int(limit), MAX_LIMIT))
+        if half_life_days is not None and not half_life_days > 0:
+            raise ValueError(f"half_life_days must be positive, not {half_life_days!r}")
         if not terms:
             return []
         tables: list[Literal["notes", "transcripts"]] = (
@@ -963,10 +973,26 @@ class MemoryIndex:
         with self._lock:
             if query_vector is not None:
                 return self._search_by_meaning(
-                    tables, terms, query_vector, limit, mode, session_key, mmr_lambda
+                    tables, terms, query_vector, limit, mode, session_key, mmr_lambda,
+                    half_life_days,
                 )
-            ranked = self._bm25(tables, terms, limit, session_key)
-            return self._hits(ranked[:limit], terms, [(i + 1, None, None) for i in range(limit)])
+            if half_life_days is None:
+                ranked = self._bm25(tables, terms, limit, session_key)
+                return self._hits(
+                    ranked[:limit], terms, [(i + 1, None, None) for i in range(limit)]
+                )
+            ranked = self._bm25(tables, terms, limit * CANDIDATES_PER_RESULT, session_key)
+            factors = decay_factors(
+                self._conn, [(table, item.rowid) for table, item in ranked], half_life_days
+            )
+            aged = [
+                (table, replace(item, score=decayed(item.score, factor)))
+                for (table, item), factor in zip(ranked, factors, strict=True)
+            ]
+            order = sorted(range(len(aged)), key=lambda i: (aged[i][1].tier, -aged[i][1].score))
+            return self._hits(
+                [aged[i] for i in order[:limit]], terms, [(i + 1, None, None) for i in order]
+            )
 
     def _bm25(
         self,
@@ -1011,13 +1037,18 @@ class MemoryIndex:
         mode: SearchMode,
         session_key: str | None,
         mmr_lambda: float | None,
+        half_life_days: float | None = None,
     ) -> list[Hit]:
         assert self._vectors is not None
         pool = limit * CANDIDATES_PER_RESULT
         bm25 = self._bm25(tables, terms, pool, session_key)[:pool] if mode == "hybrid" else []
+        conn = self._conn
         picked = fuse(
-            self._vectors, self._conn, [(t, item.rowid, item.tier) for t, item in bm25],
+            self._vectors, conn, [(t, item.rowid, item.tier) for t, item in bm25],
             tables, query_vector, terms, limit, pool, mode == "hybrid", session_key, mmr_lambda,
+            expressions=[_fts_term(term) for term in terms],
+            decay=None if half_life_days is None
+            else lambda keys: decay_factors(conn, keys, half_life_days),
         )
         return self._hits(
             [(p.table, _Ranked(p.tier, p.score, p.rowid)) for p in picked],
@@ -1155,3 +1186,139 @@ class MemoryIndex:
                 )
             )
         return hits
+
+    # ---- stats ----
+    # For `gatehouse memory stats`, which must not change what it reports on. Opening an index
+    # writes (the schema, its version), so these static methods read through a read-only
+    # connection of their own (`read_only`) and never create the file; a table an index from
+    # an older gatehouse lacks counts as empty.
+
+    @staticmethod
+    def read_only(db_path: Path) -> sqlite3.Connection | None:
+        """A read-only connection to the index file, or None when there is no file yet."""
+        if not db_path.is_file():
+            return None
+        return sqlite3.connect(
+            f"{db_path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None
+        )
+
+    @staticmethod
+    def written_ns(db_path: Path) -> int | None:
+        """When the index file last changed (ns since the epoch; its WAL counts while it holds
+        commits), None without a file. The index keeps no refresh timestamp: this is the last
+        write of any kind (a refresh that changed something, archiving, embedding, a process
+        opening it read-write); a refresh that found nothing to do writes nothing."""
+        try:
+            latest = db_path.stat().st_mtime_ns
+        except OSError:
+            return None
+        try:
+            wal = Path(f"{db_path}-wal").stat()
+        except OSError:
+            return latest
+        return max(latest, wal.st_mtime_ns) if wal.st_size > 0 else latest
+
+    @staticmethod
+    def pending_changes(
+        conn: sqlite3.Connection | None,
+        workspace: Path,
+        *,
+        suffixes: Sequence[str] = (".md",),
+        exclude_dirs: Sequence[str] = ("artifacts", "inbox"),  # inbox: files people sent
+    ) -> tuple[list[tuple[str, int, int]], dict[str, list[str]]]:
+        """The note files `refresh` would index, as (path, bytes, mtime_ns), and what it would
+        do to the index (`conn`; None: no index yet): paths "new", "changed" (content differs
+        from what was indexed; a file touched but not edited is not changed) and "deleted"
+        (indexed, now gone or too big). Hashes the files whose size or mtime differ, as
+        refresh does, and writes nothing."""
+        known: dict[str, tuple[int, int, str]] = {}
+        if conn is not None:
+            try:
+                known = {
+                    str(row[0]): (int(row[1]), int(row[2]), str(row[3]))
+                    for row in conn.execute("SELECT path, size, mtime_ns, sha256 FROM files")
+                }
+            except sqlite3.OperationalError:
+                known = {}  # an empty or foreign file: everything is new
+        files: list[tuple[str, int, int]] = []
+        changes: dict[str, list[str]] = {"new": [], "changed": [], "deleted": []}
+        present: set[str] = set()
+        for found in scan_workspace(workspace, suffixes, exclude_dirs):
+            if found.size > MAX_FILE_BYTES:
+                continue
+            old = known.get(found.rel)
+            if old is not None and (old[0], old[1]) != (found.size, found.mtime_ns):
+                try:
+                    with open(found.path, "rb") as handle:
+                        digest = hashlib.file_digest(handle, "sha256").hexdigest()
+                except OSError:
+                    continue  # vanished or unreadable: refresh drops it too
+                if digest != old[2]:
+                    changes["changed"].append(found.rel)
+            elif old is None:
+                changes["new"].append(found.rel)
+            present.add(found.rel)
+            files.append((found.rel, found.size, found.mtime_ns))
+        changes["deleted"] = sorted(known.keys() - present)
+        return files, changes
+
+    @staticmethod
+    def _stat_count(conn: sqlite3.Connection | None, sql: str, args: Sequence[object] = ()) -> int:
+        if conn is None:
+            return 0
+        try:
+            return int(conn.execute(sql, tuple(args)).fetchone()[0])
+        except sqlite3.OperationalError:  # no such table: an index from an older gatehouse
+            return 0
+
+    @staticmethod
+    def stored_counts(conn: sqlite3.Connection | None) -> dict[str, int]:
+        """What the index holds: "files" and "chunks" of notes, archived "transcript_rows" and
+        the "sessions" they come from."""
+        count = MemoryIndex._stat_count
+        return {
+            "files": count(conn, "SELECT count(*) FROM files"),
+            "chunks": count(conn, "SELECT count(*) FROM chunks"),
+            "transcript_rows": count(conn, "SELECT count(*) FROM transcripts"),
+            "sessions": count(conn, "SELECT count(DISTINCT session_key) FROM transcripts"),
+        }
+
+    @staticmethod
+    def vector_counts(
+        conn: sqlite3.Connection | None,
+        corpus: Literal["notes", "transcripts"],
+        encoder: tuple[str, int] | None,
+    ) -> tuple[int, int, int]:
+        """(rows, rows with a vector from `encoder` (name, dimensions), rows with a vector from
+        another encoder: stale, embedded again by the next refresh or reembed with `encoder`).
+        Without `encoder` every stored vector counts as another's."""
+        source, vectors = {
+            "notes": ("chunks", "chunk_vectors"),
+            "transcripts": ("transcripts", "transcript_vectors"),
+        }[corpus]
+        count = MemoryIndex._stat_count
+        rows = count(conn, f"SELECT count(*) FROM {source}")
+        joined = f"SELECT count(*) FROM {vectors} v JOIN {source} s ON s.id = v.id"
+        if encoder is None:
+            return rows, 0, count(conn, joined)
+        name, dimensions = encoder
+        mine = "v.encoder = ? AND v.dimensions = ?"
+        current = count(conn, f"{joined} WHERE {mine}", (name, dimensions))
+        other = count(conn, f"{joined} WHERE NOT ({mine})", (name, dimensions))
+        return rows, current, other
+
+    @staticmethod
+    def stored_encoders(conn: sqlite3.Connection | None) -> list[tuple[str, int, int]]:
+        """(encoder name, dimensions, vectors) of every encoder with vectors stored, most
+        first: which model embedded the index, read without loading any."""
+        if conn is None:
+            return []
+        try:
+            rows = conn.execute(
+                "SELECT encoder, dimensions, count(*) AS n FROM (SELECT encoder, dimensions "
+                "FROM chunk_vectors UNION ALL SELECT encoder, dimensions FROM "
+                "transcript_vectors) GROUP BY encoder, dimensions ORDER BY n DESC, encoder"
+            ).fetchall()
+        except sqlite3.OperationalError:
+            return []
+        return [(str(name), int(dims), int(n)) for name, dims, n in rows]

@@ -11,21 +11,39 @@ Row ids of SQLite tables can be reused after a delete, and an older gatehouse th
 nothing of vectors may delete and insert rows in this file. So a vector counts only while the
 hash of its row's current text equals the hash stored with it; the load drops any other.
 
-Hybrid ranking is reciprocal rank fusion of the BM25 list and the vector list (it needs no
-calibration between BM25 scores and cosines), then optional MMR so that near-identical chunks
-do not fill the top.
+Hybrid ranking is weighted reciprocal rank fusion of the BM25 list and the vector list (ranks
+need no calibration between BM25 scores and cosines), then optional MMR so that near-identical
+chunks do not fill the top. A BM25 hit's vote is weighted by how much of the query it matched
+(`bm25_weights`): a hit with every term votes in full; a hit that matched only some terms votes
+with the share of the query's IDF (its information) it holds, cubed. A question whose words
+are not in its answer ("which database did we pick for the cache?") still gets a full BM25
+list, matched on "which", "did", "the"; unweighted, those hits outvote the vector side's real
+answer. A keyword question with filler ("when is the pottery class in Verona?") matches
+"pottery" and "Verona", most of its IDF, and keeps most of its vote.
+
+What is embedded is the row's text without the lines a daily note puts around every entry
+(`embedding_text`): the `# YYYY-MM-DD` heading and the `## HH:MM:SS · <session key>`
+attribution. They carry no meaning, make every chunk of a session alike, and in a one-line
+entry outweigh the entry itself; BM25 still indexes them. (Vectors stored before this were
+embedded with them; they stay valid until their row changes or a `reembed(everything=True)`.)
+
+Optional temporal decay (`decay_factors`) multiplies each score by 0.5 ** (age / half-life),
+the age taken from a daily note's file name (memory/YYYY-MM-DD.md) or an archived message's
+time; MEMORY.md and other undated files never decay.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import re
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
 from typing import Any, Literal
 
 import numpy as np
@@ -68,13 +86,57 @@ NEAR_DUPLICATE = 0.5
 near-identical chunks filling the top, not to push a relevant chunk out for sharing a topic
 (fused scores are close together, so a full-range penalty reorders almost everything)."""
 EMBED_BATCH = 256
+PARTIAL_MATCH_POWER = 3.0
+"""A BM25 hit missing some query terms votes with weight coverage ** this, where coverage is
+the share of the query's IDF it matched (1 for a hit with every term). Cubed because with
+RRF's k = 60 the top vector ranks are close (1/61 against 1/63: a gap of ~0.03 of a vote), so
+a hit on a question's common words (coverage ~0.3) must vote less than that not to reorder
+them (0.3 ** 3 = 0.027), while one on its rare words (coverage ~0.8) keeps half its vote."""
+DF_CACHE_SIZE = 4_096
+_NOTE_FRAME = re.compile(r"^\s{0,3}(?:#\s+\d{4}-\d{2}-\d{2}|##\s+\d{2}:\d{2}:\d{2}\s+·.*)\s*$")
+"""A daily note's date heading or an entry's attribution line (see `memory.notes`)."""
+_DAILY_NOTE = re.compile(r"(?:^|/)(\d{4})-(\d{2})-(\d{2})\.md$")
 
 _IDENTIFIER = re.compile(r"\S*(?:\d|[A-Za-z][_/.:#@-][A-Za-z0-9]|[a-z][A-Z])\S*")
 """A query term an embedding cannot be trusted with: digits, inner `_/.:#@-`, or camelCase."""
 
 
+_blas: Any = None  # threadpoolctl's controller once looked up; False without threadpoolctl
+
+
+def one_blas_thread() -> AbstractContextManager[Any]:
+    """Limit BLAS to one thread (process-wide, restored on exit) for a search's products.
+
+    On a small, busy host OpenBLAS's threads contend with everything else: measured on 2 loaded
+    cores, the 10,000 x 512 product of a vector search took 15 ms at p50 with two threads
+    against 4 ms with one, and MMR's 32 x 32 similarity 46 ms at p99 against 8 ms. (The model's
+    forward pass limits itself the same way.) Without threadpoolctl, which comes with the
+    model, nothing is limited."""
+    global _blas
+    if _blas is None:
+        try:
+            from threadpoolctl import ThreadpoolController
+
+            _blas = ThreadpoolController()
+        except Exception:  # not installed, or no BLAS it knows: leave the threads alone
+            _blas = False
+    if _blas is False:
+        return nullcontext()
+    limited: AbstractContextManager[Any] = _blas.limit(limits=1, user_api="blas")
+    return limited
+
+
 def body_hash(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+def embedding_text(text: str) -> str:
+    """`text` as embedded: without daily-note date headings and entry attribution lines (all of
+    it when that is all there is)."""
+    if "#" not in text:
+        return text
+    kept = "\n".join(line for line in text.split("\n") if not _NOTE_FRAME.match(line)).strip()
+    return kept or text
 
 
 def identifier_terms(terms: Iterable[str]) -> list[str]:
@@ -132,6 +194,8 @@ class VectorIndex:
         self._embed_lock = threading.Lock()  # one embedding pass at a time: each row once
         self._matrices: dict[Table, _Matrix] = {}
         self._data_version: int | None = None
+        self._df: dict[tuple[Table, str], int] = {}
+        self._df_corpus: dict[Table, tuple[int, int]] = {}
 
     # ---- embedding passes (take the index lock per batch, never while holding it) ---------
 
@@ -182,7 +246,7 @@ class VectorIndex:
             ]
         if not rows:
             return 0
-        encoded = self.encoder.encode([text for _, text in rows])
+        encoded = self.encoder.encode([embedding_text(text) for _, text in rows])
         if encoded.shape != (len(rows), self.dimensions):
             raise ValueError(f"encoder returned shape {encoded.shape} for {len(rows)} texts")
         with self._lock, self._transaction() as conn:
@@ -333,6 +397,38 @@ class VectorIndex:
         order, scores = cosine_top_k(query, vectors, k)
         return [(int(ids[i]), float(s)) for i, s in zip(order, scores, strict=True)]
 
+    def document_frequencies(
+        self, conn: sqlite3.Connection, table: Table, expressions: Sequence[str | None]
+    ) -> tuple[int, list[int | None]]:
+        """(rows, rows matching each FTS5 expression) of a corpus; None for a term no
+        expression can answer. Counts are cached until the corpus's row count or highest id
+        changes (every write inserts or deletes rows): the stop words of questions recur, and
+        their long posting lists are the costly ones to count."""
+        source = SOURCE_TABLE[table]
+        rows, top = conn.execute(f"SELECT count(*), coalesce(max(id), 0) FROM {source}").fetchone()
+        corpus = (int(rows), int(top))
+        if self._df_corpus.get(table) != corpus:
+            self._df = {key: n for key, n in self._df.items() if key[0] != table}
+            self._df_corpus[table] = corpus
+        if len(self._df) > DF_CACHE_SIZE:
+            self._df.clear()
+        fts = f"{source}_fts"
+        out: list[int | None] = []
+        for expression in expressions:
+            if expression is None:
+                out.append(None)
+                continue
+            known = self._df.get((table, expression))
+            if known is None:
+                known = int(
+                    conn.execute(
+                        f"SELECT count(*) FROM {fts} WHERE {fts} MATCH ?", (expression,)
+                    ).fetchone()[0]
+                )
+                self._df[(table, expression)] = known
+            out.append(known)
+        return corpus[0], out
+
     def vectors_of(
         self, conn: sqlite3.Connection, keys: Sequence[tuple[Table, int]]
     ) -> list[Vectors | None]:
@@ -356,14 +452,142 @@ def forget_vectors(
 
 
 def rrf(
-    ranked_lists: Sequence[Sequence[tuple[Table, int]]], k: int = RRF_K
+    ranked_lists: Sequence[Sequence[tuple[Table, int]]],
+    k: int = RRF_K,
+    weights: Sequence[Sequence[float] | None] | None = None,
 ) -> dict[tuple[Table, int], float]:
-    """Reciprocal rank fusion: each list adds 1 / (k + rank) to the keys it holds (rank 1-based)."""
+    """Reciprocal rank fusion: each list adds weight / (k + rank) to the keys it holds (rank
+    1-based); `weights[i]` gives list i's weight per rank (None or missing: 1 for every key)."""
     fused: dict[tuple[Table, int], float] = {}
-    for ranked in ranked_lists:
+    for n, ranked in enumerate(ranked_lists):
+        weight = weights[n] if weights is not None and n < len(weights) else None
         for rank, key in enumerate(ranked, start=1):
-            fused[key] = fused.get(key, 0.0) + 1.0 / (k + rank)
+            vote = 1.0 if weight is None else weight[rank - 1]
+            fused[key] = fused.get(key, 0.0) + vote / (k + rank)
     return fused
+
+
+def _idf(rows: int, matching: int) -> float:
+    """FTS5's BM25 IDF, floored at 0 (FTS5 floors at 1e-6): a term in half the rows or more
+    says nothing."""
+    return max(0.0, math.log((rows - matching + 0.5) / (matching + 0.5)))
+
+
+def _holds(body: str, short: str, term: str, expression: str | None) -> bool:
+    """Whether a row matches one query term as its FTS5 expression would: a substring of the
+    body (the trigram index, case-insensitive), or a whole token of the short column."""
+    if expression is not None and expression.startswith("short"):
+        return f" {term.lower()} " in short
+    return term.lower() in body.lower()
+
+
+def bm25_weights(
+    index: VectorIndex,
+    conn: sqlite3.Connection,
+    bm25: Sequence[tuple[Table, int, int]],
+    terms: Sequence[str],
+    expressions: Sequence[str | None],
+) -> list[float]:
+    """Each BM25 hit's vote in the fusion: 1 with every term (tier 0), else coverage **
+    `PARTIAL_MATCH_POWER`, where coverage is the IDF of the terms the hit holds over the IDF of
+    all the query's terms (IDF from the hit's corpus, as BM25 computes it). A term no FTS5
+    expression answers counts with the mean IDF of the others. When every term is common (in
+    half the rows or more: no IDF at all, as in a tiny corpus) there is nothing to judge the
+    match by, and every hit votes in full, as in plain RRF."""
+    weights = [1.0] * len(bm25)
+    partial = [i for i, (_, _, tier) in enumerate(bm25) if tier]
+    if not partial or not terms:
+        return weights
+    exprs = list(expressions) if len(expressions) == len(terms) else [None] * len(terms)
+    for table in ("notes", "transcripts"):
+        mine = [i for i in partial if bm25[i][0] == table]
+        if not mine:
+            continue
+        rows, counts = index.document_frequencies(conn, table, exprs)
+        known = [_idf(rows, c) for c in counts if c is not None]
+        fill = sum(known) / len(known) if known else 1.0
+        idf = [fill if c is None else _idf(rows, c) for c in counts]
+        total = sum(idf)
+        ids = [bm25[i][1] for i in mine]
+        marks = ",".join("?" * len(ids))
+        texts = {
+            int(rowid): (str(body), str(short))
+            for rowid, body, short in conn.execute(
+                f"SELECT id, body, short FROM {SOURCE_TABLE[table]} WHERE id IN ({marks})", ids
+            )
+        }
+        for i in mine:
+            body, short = texts.get(bm25[i][1], ("", ""))
+            held = [_holds(body, short, t, e) for t, e in zip(terms, exprs, strict=True)]
+            coverage = sum(w for w, h in zip(idf, held, strict=True) if h) / total if total else 1
+            weights[i] = min(1.0, coverage) ** PARTIAL_MATCH_POWER
+    return weights
+
+
+def note_date(path: str) -> date | None:
+    """The day of a daily note (memory/YYYY-MM-DD.md); None for MEMORY.md and other files."""
+    found = _DAILY_NOTE.search(path)
+    if found is None:
+        return None
+    try:
+        return date(int(found[1]), int(found[2]), int(found[3]))
+    except ValueError:
+        return None
+
+
+def _timestamp(value: object) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def decay_factors(
+    conn: sqlite3.Connection,
+    keys: Sequence[tuple[Table, int]],
+    half_life_days: float,
+    now: datetime | None = None,
+) -> list[float]:
+    """0.5 ** (age in days / `half_life_days`) per row, 1.0 where the age is unknown.
+
+    A note chunk's age comes from its daily note's file name (counted in whole days from the
+    local date, so today's note is age 0); MEMORY.md and undated files never decay. An archived
+    message's age comes from its `created_at` (naive times are UTC); a range archived whole has
+    none. Rows from the future count as age 0."""
+    if not half_life_days > 0:
+        raise ValueError(f"half_life_days must be positive, not {half_life_days!r}")
+    moment = now if now is not None else datetime.now(UTC).astimezone()
+    ages: dict[tuple[Table, int], float] = {}
+    for table in ("notes", "transcripts"):
+        ids = [rowid for name, rowid in keys if name == table]
+        if not ids:
+            continue
+        marks = ",".join("?" * len(ids))
+        if table == "notes":
+            today = moment.date()
+            for rowid, path in conn.execute(
+                f"SELECT id, path FROM chunks WHERE id IN ({marks})", ids
+            ):
+                day = note_date(str(path))
+                if day is not None:
+                    ages[(table, int(rowid))] = float((today - day).days)
+        else:
+            for rowid, created in conn.execute(
+                f"SELECT id, created_at FROM transcripts WHERE id IN ({marks})", ids
+            ):
+                stamp = _timestamp(created)
+                if stamp is not None:
+                    ages[(table, int(rowid))] = (moment - stamp).total_seconds() / 86_400
+    return [0.5 ** (max(0.0, ages[key]) / half_life_days) if key in ages else 1.0 for key in keys]
+
+
+def decayed(score: float, factor: float) -> float:
+    """`score` after decay: scaled toward 0 when positive, away from it when negative (a
+    negative cosine), so an older row always ranks lower."""
+    return score * factor if score >= 0 else score / max(factor, 1e-300)
 
 
 def mmr(
@@ -454,10 +678,38 @@ def fuse(
     hybrid: bool,
     session_key: str | None,
     mmr_lambda: float | None,
+    *,
+    expressions: Sequence[str | None] = (),
+    decay: Callable[[Sequence[tuple[Table, int]]], list[float]] | None = None,
 ) -> list[Fused]:
-    """Rank by meaning: the `pool` nearest rows per search (vector), or their reciprocal rank
-    fusion with the BM25 list (table, rowid, tier) given best first (hybrid), exact
-    identifier hits first; then MMR unless `mmr_lambda` is None."""
+    """Rank by meaning: the `pool` nearest rows per search (vector), or the weighted reciprocal
+    rank fusion of them with the BM25 list (table, rowid, tier) given best first (hybrid; each
+    BM25 hit votes with `bm25_weights`, from the terms' FTS5 `expressions`), exact identifier
+    hits first in BM25 order; `decay` (factors per key) multiplies the scores (and orders the
+    identifier hits by them); then MMR unless `mmr_lambda` is None. The products run on one
+    BLAS thread (`one_blas_thread`)."""
+    with one_blas_thread():
+        return _fuse(
+            index, conn, bm25, tables, query, terms, limit, pool, hybrid, session_key,
+            mmr_lambda, expressions, decay,
+        )
+
+
+def _fuse(
+    index: VectorIndex,
+    conn: sqlite3.Connection,
+    bm25: Sequence[tuple[Table, int, int]],
+    tables: Sequence[Table],
+    query: Vectors,
+    terms: Sequence[str],
+    limit: int,
+    pool: int,
+    hybrid: bool,
+    session_key: str | None,
+    mmr_lambda: float | None,
+    expressions: Sequence[str | None],
+    decay: Callable[[Sequence[tuple[Table, int]]], list[float]] | None,
+) -> list[Fused]:
     near: list[tuple[Table, int, float]] = []
     for table in tables:
         near.extend(
@@ -469,11 +721,17 @@ def fuse(
     rank = {(table, rowid): n for n, (table, rowid, _) in enumerate(bm25, 1)}
     tier = {(table, rowid): t for table, rowid, t in bm25}
     if hybrid:
-        fused = rrf([list(rank), [(table, rowid) for table, rowid, _ in near]])
+        votes = bm25_weights(index, conn, bm25, terms, expressions)
+        fused = rrf([list(rank), [(table, rowid) for table, rowid, _ in near]], weights=[votes])
         pinned = identifier_keys(conn, bm25, terms)
     else:
         fused = {(table, rowid): cosine for table, rowid, cosine in near}
         pinned = []
+    if decay is not None and fused:
+        every = list(fused)
+        for key, factor in zip(every, decay(every), strict=True):
+            fused[key] = decayed(fused[key], factor)
+        pinned.sort(key=lambda key: -fused[key])  # the newer of two holding the identifier
     rest = sorted(
         (key for key in fused if key not in pinned),
         key=lambda key: (-fused[key], rank.get(key, pool + 1)),

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
+import inspect
 import json
+import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
@@ -30,11 +33,32 @@ if TYPE_CHECKING:
     from gateway.store import Store
 
 T = TypeVar("T")
-console = Console()
-err_console = Console(stderr=True)
+# No emoji codes: a session key's ":thread:" would print as 🧵.
+console = Console(emoji=False)
+err_console = Console(stderr=True, emoji=False)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output")]
 """The `--json` option of every command that prints a result."""
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config", "-c",
+        help="Config file (else $GATEHOUSE_CONFIG, ./gatehouse.toml); before or after the "
+        "command, after wins",
+    ),
+]
+LogLevelOption = Annotated[
+    str | None,
+    typer.Option(
+        "--log-level", metavar="LEVEL",
+        help="DEBUG, INFO (default), WARNING or ERROR; before or after the command, after wins",
+    ),
+]
+"""The global options: the root command declares them, and `Commands` gives every command and
+group a copy, so `gatehouse run --config x.toml` works as `gatehouse --config x.toml run` does."""
 
 Refusal = tuple[type[Exception], str, int]
 """An error an operation may raise on bad input: its type, the label it is printed under, and
@@ -42,13 +66,34 @@ the exit code."""
 
 
 class State:
-    """The root options (`--config`, `--log-level`), for the command that runs."""
+    """The global options (`--config`, `--log-level`), for the command that runs."""
 
     config_path: Path | None = None
     log_level: str = "INFO"
 
 
 state = State()
+_GLOBALS = {"config": "config_path", "log_level": "log_level"}
+"""Each global option's parameter name, and the `State` field it sets."""
+
+
+def log_level_value(value: str | None) -> str | None:
+    """A --log-level value, upper-cased; a bad one is a usage error (exit 2)."""
+    if value is None:
+        return None
+    if value.upper() not in LOG_LEVELS:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(LOG_LEVELS)}")
+    return value.upper()
+
+
+def _set_global(_ctx: Any, param: Any, value: Any) -> Any:
+    """A global option given after a command: it wins over the same option given before it
+    (the parser meets it later: the root's callback has run by then)."""
+    if param.name == "log_level":
+        value = log_level_value(value)
+    if value is not None:
+        setattr(state, _GLOBALS[param.name], value)
+    return value
 
 
 def fail(label: str, message: str, code: int = 2, *, soft_wrap: bool = True) -> NoReturn:
@@ -76,9 +121,30 @@ def found(value: T | None, key: str) -> T:
 
 
 class Commands(TyperGroup):
-    """Every command, whatever it opens (the database, the job store, the memory index, the
-    workspace): a storage fault is one line naming the file and what to do, and exit code 2
-    (gateway/store/faults.py), never a traceback."""
+    """The root command. Every command, whatever it opens (the database, the job store, the
+    memory index, the workspace): a storage fault is one line naming the file and what to do,
+    and exit code 2 (gateway/store/faults.py), never a traceback. Every command and group below
+    it accepts the global options too (`gatehouse sessions list --config x.toml`)."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        globals_ = [p for p in self.params if p.name in _GLOBALS]
+        pending = list(self.commands.values())
+        while pending:
+            command = pending.pop()
+            pending.extend(getattr(command, "commands", {}).values())
+            if command.help and not command.short_help:
+                # A group lists each command with its whole first paragraph, wrapped, as
+                # written (the plain formatter would cut it at the terminal's width).
+                command.short_help = " ".join(inspect.cleandoc(command.help).split("\n\n")[0].split())
+            taken = {opt for p in command.params for opt in (*p.opts, *p.secondary_opts)}
+            for param in globals_:
+                if taken.intersection(param.opts):
+                    continue  # a command's own option of that name wins
+                clone = copy.copy(param)
+                clone.expose_value = False
+                clone.callback = _set_global
+                command.params.append(clone)
 
     def invoke(self, ctx: Any) -> Any:
         try:
@@ -91,8 +157,10 @@ class Commands(TyperGroup):
 
 
 def sub_app(help_text: str) -> typer.Typer:
-    """A command group (`gatehouse sessions ...`): bare, it prints its help."""
-    return typer.Typer(help=help_text, no_args_is_help=True)
+    """A command group (`gatehouse sessions ...`): bare, it prints its help. Help texts are
+    plain text (`rich_markup_mode=None`, as the root's): "[gateway] timezone" shows as written,
+    and a flag shows as `--all`, not `--all <bool>`."""
+    return typer.Typer(help=help_text, no_args_is_help=True, rich_markup_mode=None)
 
 
 def quiet_logging(level: str) -> None:
@@ -102,12 +170,15 @@ def quiet_logging(level: str) -> None:
 
 
 def load() -> Config:
-    """The config of --config (else $GATEHOUSE_CONFIG, ./gatehouse.toml); a bad one exits 2."""
+    """The config of --config (else $GATEHOUSE_CONFIG, ./gatehouse.toml); a bad one exits 2.
+    A feature turned off for an unset variable is one warning in the log (`Config.notices`)."""
     try:
         config = load_config(state.config_path)
     except ConfigError as exc:
         fail("config error", str(exc))
     SECRETS.protect(config_secrets(config))  # never in a log line, whatever logs it
+    for notice in config.notices:  # an optional feature whose ${VAR} is unset: off, said once
+        logging.getLogger("gatehouse.config").warning(notice)
     from gateway.model.local_model import bundled_model_path, use_local_model
 
     if bundled_model_path(config) is not None:

@@ -10,7 +10,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from gateway.cli.common import JsonFlag, console, execute, found, show, sub_app
+from gateway.cli.common import JsonFlag, console, execute, show, sub_app
+from gateway.inbound.session_keys import SessionKeyError
 from gateway.operations import (
     Explanation,
     TranscriptCompaction,
@@ -71,15 +72,21 @@ def context_explain(
         bool, typer.Option("--offline", help="Don't ask the LLM server for model metadata")
     ] = False,
 ) -> None:
-    """Explain every limit applied to a session, and where each one comes from."""
-    facts = found(
-        execute(lambda c: explain_session(c, key, fetch_metadata=not offline), quiet="ERROR"), key
+    """Explain every limit applied to a session, and where each one comes from. For a key no
+    one has written to yet, a preview of what its first message would get."""
+    facts = execute(
+        lambda c: explain_session(c, key, fetch_metadata=not offline), quiet="ERROR",
+        refusals=[(SessionKeyError, "bad session key", 2)],
     )
     show(facts, as_json, _print_explain, Explanation.to_json)
 
 
 def _print_explain(e: Explanation) -> None:
     console.print(f"[bold]{escape(e.session)}[/bold] ({e.platform}, {e.chat_type})")
+    if e.preview:
+        console.print(
+            "[yellow]preview: no messages yet[/yellow] — what the first message would get"
+        )
     plan = e.plan
     if plan is not None:
         rows = [

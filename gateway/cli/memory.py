@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any, cast
@@ -21,7 +22,15 @@ from gateway.cli.common import (
     sub_app,
 )
 from gateway.config import Config
-from gateway.store.faults import storage_faults
+from gateway.operations.memory import (
+    EmbeddingsUnavailable,
+    MemoryStats,
+    Reembedding,
+    embedding_model,
+    memory_stats,
+    reembed,
+)
+from gateway.store.faults import StorageError, storage_faults
 from memory.embeddings import Encoder
 from memory.index import Corpus, Hit, MemoryIndex, SearchMode
 from memory.workspace import ensure_workspace
@@ -177,3 +186,132 @@ def memory_reindex(as_json: JsonFlag = False) -> None:
         f"reindexed {stats.files_scanned} files ({stats.chunks_written} chunks) "
         f"in {stats.seconds:.2f} s"
     )
+
+
+def _render_stats(stats: MemoryStats) -> None:
+    table = Table(title=f"memory: {escape(str(stats.workspace))}", show_header=False)
+    table.add_column("what", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    notes = stats.notes
+    last = (
+        "" if notes.last_path is None or notes.last_written is None
+        else f"; last written {escape(notes.last_path)} at {notes.last_written:%Y-%m-%d %H:%M} UTC"
+    )
+    table.add_row(
+        "notes", f"{notes.files:,} files, {notes.chunks:,} chunks, {notes.bytes:,} bytes{last}"
+    )
+    history = stats.history
+    table.add_row(
+        "archived history",
+        f"{history.rows:,} rows from {history.sessions:,} sessions"
+        + ("" if history.searchable else " (history_search only: archive_transcripts = false)"),
+    )
+    fresh = stats.freshness
+    if fresh.up_to_date:
+        table.add_row("index", "up to date with the files")
+    else:
+        table.add_row(
+            "index",
+            f"[yellow]behind the files[/yellow]: {len(fresh.new)} new, {len(fresh.changed)} "
+            f"changed, {len(fresh.deleted)} deleted (the next search or refresh takes them in)",
+        )
+    table.add_row(
+        "index written",
+        "never (no index yet)" if fresh.index_written is None
+        else f"{fresh.index_written:%Y-%m-%d %H:%M:%S} UTC",
+    )
+    model = stats.model
+    if model.state == "on":
+        table.add_row("embedding model", f"{escape(model.name or '')} ({model.dimensions} dims)")
+    else:
+        table.add_row("embedding model", f"[yellow]off[/yellow]: {escape(model.reason or '')}")
+    for c in stats.vectors:
+        if c.embedded is None:
+            text = f"{c.stored:,}/{c.rows:,} rows have a stored vector"
+        else:
+            text = (
+                f"{c.embedded:,}/{c.rows:,} embedded, {c.stale or 0:,} stale (another model), "
+                f"{c.missing or 0:,} to embed"
+            )
+        table.add_row(f"vectors: {c.corpus}", text)
+    mode = stats.search_mode
+    table.add_row(
+        "search mode",
+        mode if stats.search_mode_used == mode else f"{mode} (bm25 while the model is off)",
+    )
+    console.print(table, highlight=False)
+
+
+@app.command("stats")
+def memory_stats_command(as_json: JsonFlag = False) -> None:
+    """What the memory index holds, how fresh it is, and which embedding model covers it.
+
+    Read-only: no refresh, and the index is read through a read-only connection. The model
+    is constructed (import and checksums, about 0.2 s) but its weights are not loaded."""
+    config = load()
+    stats = memory_stats(config)
+    if as_json:
+        print_json(stats.to_json())
+        return
+    _render_stats(stats)
+
+
+@app.command("reembed")
+def memory_reembed(
+    everything: Annotated[
+        bool, typer.Option("--all", help="Embed every row again, not only missing or stale ones")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Embed the rows that lack a vector from the configured model (new, edited, or from
+    another model), after refreshing the index from the files."""
+    config = load()
+    try:
+        with err_console.status("loading the embedding model…"):
+            encoder = embedding_model(config)
+    except EmbeddingsUnavailable as exc:
+        fail("memory reembed", str(exc), 1)
+    try:
+        if as_json or not err_console.is_terminal:
+            result = reembed(config, encoder, _progress_lines(), everything=everything)
+        else:
+            with progress() as bar:
+                task = bar.add_task("embedding", total=None)
+                result = reembed(
+                    config, encoder,
+                    lambda done, total: bar.update(task, completed=done, total=total),
+                    everything=everything,
+                )
+    except (StorageError, OSError):
+        raise  # the command group says a storage fault in one line (exit 2)
+    except Exception as exc:  # the model failed on some text: one line, not a traceback
+        fail("memory reembed", f"embedding failed ({type(exc).__name__}: {exc})", 1)
+    if as_json:
+        print_json(result.to_json())
+        return
+    _render_reembedding(result)
+
+
+def _progress_lines() -> Callable[[int, int], None]:
+    """Plain progress on stderr, one line a batch (no terminal, or --json)."""
+
+    def report(done: int, total: int) -> None:
+        err_console.print(f"embedding: {done:,}/{total:,} rows",
+                          highlight=False, soft_wrap=True)
+
+    return report
+
+
+def _render_reembedding(result: Reembedding) -> None:
+    covered = ", ".join(
+        f"{corpus} {done:,}/{rows:,}" for corpus, (done, rows) in result.coverage.items()
+    )
+    what = "every row again" if result.everything else "what lacked a current vector"
+    if result.embedded == 0 and not result.everything:
+        line = f"nothing to embed: every row has a vector from {escape(result.model)}"
+    else:
+        line = (
+            f"embedded {result.embedded:,} rows ({what}) with {escape(result.model)} "
+            f"in {result.seconds:.2f} s"
+        )
+    console.print(f"{line}; rows with vectors: {covered}", highlight=False)

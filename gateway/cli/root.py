@@ -1,9 +1,11 @@
-"""The root `gatehouse` command and its own commands: init, run, chat, doctor, config-check."""
+"""The root `gatehouse` command and its own commands: init, run, reload, chat, doctor,
+config-check."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from dataclasses import asdict
 from importlib import resources
@@ -18,20 +20,25 @@ from channels.console import ConsoleChannel
 from channels.webchat import WebchatChannel
 from gateway.adapters import add_channel_routes, platform_channels
 from gateway.app import Gateway
+from gateway.cli.chat_prompt import ChatPrompt
 from gateway.cli.common import (
     Commands,
+    ConfigOption,
     JsonFlag,
+    LogLevelOption,
     console,
     err_console,
     fail,
     load,
+    log_level_value,
     print_json,
     quiet_logging,
     state,
     with_bundled_model,
 )
+from gateway.cli.pidfiles import pid_file, pids_dir, running_gateways
 from gateway.config import DEFAULT_CONFIG_NAME, Config, ConfigError, load_config, redacted_url
-from gateway.logging_setup import setup_logging
+from gateway.logging_setup import SECRETS, config_secrets, setup_logging
 from gateway.model.llm import NOT_CONFIGURED
 from gateway.store.faults import storage_error
 from gateway.web.server import WebServer, build_app
@@ -45,25 +52,21 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     cls=Commands,
+    rich_markup_mode=None,  # help texts as written: "[gateway]" stays, flags show no <bool>
 )
 
 
 @app.callback()
-def _main(
-    config: Annotated[
-        Path | None,
-        typer.Option("--config", "-c", help="Config file (else $GATEHOUSE_CONFIG, ./gatehouse.toml)"),
-    ] = None,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR")] = "INFO",
-) -> None:
+def _main(config: ConfigOption = None, log_level: LogLevelOption = None) -> None:
+    # Given again after the command, an option is set again then (`Commands`): after wins.
     state.config_path = config
-    state.log_level = log_level
+    state.log_level = log_level_value(log_level) or "INFO"
 
 
 @app.command()
 def init(
     directory: Annotated[Path, typer.Option("--dir", help="Where to write gatehouse.toml")] = Path(),
-    force: Annotated[bool, typer.Option(help="Overwrite an existing gatehouse.toml")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing gatehouse.toml")] = False,
 ) -> None:
     """Write a commented gatehouse.toml and create the workspace (AGENTS.md, memory/)."""
     target = directory / DEFAULT_CONFIG_NAME
@@ -87,6 +90,7 @@ def init(
 
 
 async def _serve(config: Config) -> None:
+    started_from = await _as_read(config)
     gateway = Gateway(config)
     webchat = WebchatChannel()
     server: WebServer | None = None
@@ -104,30 +108,86 @@ async def _serve(config: Config) -> None:
     await gateway.start()
     if not gateway.llm.configured:
         err_console.print(f"[yellow]{escape(NOT_CONFIGURED)}[/yellow]", highlight=False)
-    if config.web.enabled:
-        web_app = build_app(gateway, webchat)
-        add_channel_routes(web_app, platforms)
-        server = WebServer(web_app, config.web.host, config.web.port)
-        url = await server.start()
-        log.info("web chat on %s/ (POST %s/api/messages)", url, url)
-        print(f"gatehouse listening on {url}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    log.info("gateway running (database %s, workspace %s)", redacted_url(config.database_url),
-             config.workspace)
-    await stop.wait()
-    log.info("shutting down: finishing in-flight turns")
-    if server is not None:
-        await server.stop()
-    await gateway.stop()
+    loop.add_signal_handler(signal.SIGHUP, _Reloads(gateway, started_from).request)
+    with pid_file(config.data_dir):  # from here on, `gatehouse reload` finds this process
+        if config.web.enabled:
+            web_app = build_app(gateway, webchat)
+            add_channel_routes(web_app, platforms)
+            server = WebServer(web_app, config.web.host, config.web.port)
+            url = await server.start()
+            log.info("web chat on %s/ (POST %s/api/messages)", url, url)
+            print(f"gatehouse listening on {url}", flush=True)
+        log.info("gateway running (database %s, workspace %s)",
+                 redacted_url(config.database_url), config.workspace)
+        await stop.wait()
+        log.info("shutting down: finishing in-flight turns")
+        if server is not None:
+            await server.stop()
+        await gateway.stop()
     log.info("stopped")
+
+
+async def _as_read(config: Config) -> Config:
+    """The config file as read, before the gateway adjusted anything in it (the bundled
+    model's settings): what a reload compares the file with to name keys that need a restart."""
+    if config.source is None:
+        return config
+    try:
+        return await asyncio.to_thread(load_config, config.source)
+    except ConfigError:
+        return config  # changed since the start: the next reload says what
+
+
+class _Reloads:
+    """SIGHUP (or `gatehouse reload`): read the config file again and apply what may change
+    while running (history limits, access lists); an invalid file changes nothing and is one
+    error line. Reloads run one at a time."""
+
+    def __init__(self, gateway: Gateway, started_from: Config) -> None:
+        self.gateway = gateway
+        self.started_from = started_from
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def request(self) -> None:
+        task = asyncio.get_running_loop().create_task(self.reload())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def reload(self) -> None:
+        path = self.gateway.config.source
+        async with self._lock:
+            if path is None:
+                log.warning("reload: no config file (running on the defaults): nothing to reload")
+                return
+            try:
+                new = await asyncio.to_thread(load_config, path)
+            except ConfigError as exc:
+                reason = "; ".join(line.strip() for line in str(exc).splitlines())
+                log.error("reload refused, the running config is kept: %s", reason)
+                return
+            SECRETS.protect(config_secrets(new))
+            for notice in new.notices:
+                if notice not in self.started_from.notices:
+                    log.warning(notice)
+            plan = self.gateway.reload_config(new, self.started_from)
+        for line in plan.changes or ["no change to history limits or access lists"]:
+            log.info("reload: %s", line)
+        if plan.restart:
+            log.warning("reload: changed, needs a restart (the running values are kept): %s",
+                        ", ".join(plan.restart))
 
 
 @app.command()
 def run() -> None:
-    """Start the gateway: every enabled channel and the web server."""
+    """Start the gateway: every enabled channel and the web server.
+
+    SIGINT/SIGTERM stop it cleanly (turns in flight finish); SIGHUP (`gatehouse reload`)
+    reloads history limits and access lists."""
     setup_logging(state.log_level)
     config = load()
     try:
@@ -136,6 +196,29 @@ def run() -> None:
         if storage_error(exc) is not None:
             raise  # a data file: the storage line (`Commands`)
         fail("cannot start", str(exc), 1)
+
+
+@app.command()
+def reload() -> None:
+    """Reload history limits and access lists in the running gateway, without a restart.
+
+    Signals (SIGHUP) every `gatehouse run` on this config's data directory (found by its pid
+    file in <data_dir>/pids/); each reads its config file again, applies history limits and
+    access lists (dm_policy, allow_from, group_allowlist, require_mention), and logs what
+    changed and which other changes need a restart. An invalid config is refused here, and
+    nothing is signalled; a gateway that reads an invalid one keeps its config."""
+    config = load()
+    pids = running_gateways(config.data_dir)
+    if not pids:
+        fail("no running gateway",
+             f"no `gatehouse run` on {config.data_dir} (pid files in {pids_dir(config.data_dir)})",
+             1)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGHUP)
+        except OSError as exc:
+            fail("cannot signal", f"pid {pid}: {exc.strerror or exc}", 1)
+        console.print(f"reloading gatehouse run (pid {pid}): its log says what changed")
 
 
 async def _chat(config: Config, user: str | None, message: str | None) -> int:
@@ -154,9 +237,10 @@ async def _chat(config: Config, user: str | None, message: str | None) -> int:
         if not gateway.llm.configured:
             err_console.print(f"[yellow]{escape(NOT_CONFIGURED)}[/yellow]", highlight=False)
         console.print(f"Chatting as [bold]{channel.user_id}[/bold]. Ctrl-D or /quit to leave.")
+        prompt = ChatPrompt(console)  # a log line while it waits goes above it (chat_prompt.py)
         while True:
             try:
-                line = await asyncio.to_thread(console.input, "[bold blue]you>[/bold blue] ")
+                line = await prompt.read()
             except (EOFError, KeyboardInterrupt):
                 console.print()
                 return 0
@@ -214,6 +298,7 @@ def doctor(as_json: JsonFlag = False) -> None:
 @app.command("config-check")
 def config_check() -> None:
     """Validate the configuration and print the resolved values."""
+    quiet_logging("WARNING")  # a feature turned off for an unset ${VAR} is a warning line
     config = load()
     console.print(f"[green]ok[/green] {config.source or '(defaults: no config file found)'}")
     console.print(f"database:  {redacted_url(config.database_url)}")

@@ -2,8 +2,9 @@
 
 Messages are persisted before a lane is notified, so a lane only needs to know *that* a session
 has work. A notification during a turn marks the lane dirty and the lane runs one more turn,
-which collects every message that arrived meanwhile. Nothing is queued in memory but session
-keys, so nothing can be lost here.
+which collects every message that arrived meanwhile. A turn that answered only part of what
+waits (queue mode `followup`: one message a turn) returns True, and the lane runs another.
+Nothing is queued in memory but session keys, so nothing can be lost here.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from contextlib import AbstractAsyncContextManager
 
 log = logging.getLogger(__name__)
 
-TurnFn = Callable[[str], Awaitable[None]]
+TurnFn = Callable[[str], Awaitable[bool | None]]
+"""Runs one turn for a session; True when more of its messages wait for another turn."""
 SessionLock = Callable[[str], AbstractAsyncContextManager[None]]
 """The store's cross-process session lock (a PostgreSQL advisory lock)."""
 
@@ -69,7 +71,8 @@ class SessionLanes:
                     self._dirty.discard(key)
                     try:
                         async with self._across_processes(key):
-                            await self._run_turn(key)
+                            if await self._run_turn(key):
+                                self._dirty.add(key)
                     except asyncio.CancelledError:
                         raise
                     except Exception:
@@ -107,7 +110,9 @@ class SessionLanes:
             raise LanesClosedError("the gateway is shutting down")
         async with self._lane_lock(session_key), self._slots:
             async with self._across_processes(session_key):
-                await self._run_turn(session_key)
+                more = await self._run_turn(session_key)
+        if more and not self._closed:
+            self.notify(session_key)
 
     async def join(self) -> None:
         """Wait until every lane is idle (used by tests and benchmarks)."""

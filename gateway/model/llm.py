@@ -13,6 +13,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -21,6 +22,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from context.types import Message, ToolCall
 from gateway.config import LLMSection
+from gateway.model.images import WorkspaceImages, names_workspace_images
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,11 @@ class LLMProvider:
     @property
     def configured(self) -> bool:
         return self._client is not None
+
+    def show_workspace_images(self, workspace: Path) -> None:
+        """Send the workspace images stored messages name (photos people sent) to the model
+        when ``[llm] vision`` is on; without this call, or with it off, they are left out."""
+        self._body.images = WorkspaceImages(workspace, self.settings.vision)
 
     async def reported_window(self, wait: float = 5.0) -> tuple[int, str] | None:
         """The context length the server reports for our model (vLLM `max_model_len`, ...)."""
@@ -300,6 +307,8 @@ class RequestEncoder:
         self.capacity = capacity
         self._messages: OrderedDict[int, tuple[Message, bytes]] = OrderedDict()
         self._tools: tuple[Sequence[dict[str, Any]], bytes] | None = None
+        self.images = WorkspaceImages()
+        """How image parts naming workspace files are sent (gateway/model/images.py)."""
 
     def encode(
         self,
@@ -311,6 +320,9 @@ class RequestEncoder:
         cache = self._messages
         parts: list[bytes] = []
         for message in messages:
+            if names_workspace_images(message):  # read each time, never kept: megabytes
+                parts.append(_dumps(self.images.to_openai(message)))
+                continue
             if message.seq is None:
                 parts.append(_dumps(message.to_openai()))
                 continue

@@ -4,7 +4,8 @@ served by llama-cpp-python's OpenAI-compatible server on 127.0.0.1, as a managed
 When no `[llm]` endpoint is configured, `gatehouse run` and `gatehouse chat` start it and point
 the provider at it — the same openai provider path as any real endpoint — so a newcomer gets
 real (if poor) answers before creating any account. Without the `local` extra nothing changes:
-the gateway says how to configure an endpoint.
+the gateway says how to configure an endpoint. Processes on one data directory share one server
+(`gateway.model.local_share`): `gatehouse chat` talks to the one `gatehouse run` started.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import contextlib
 import importlib.util
 import logging
+import os
 import socket
 import sys
 import time
@@ -23,6 +25,19 @@ from pathlib import Path
 import aiohttp
 
 from gateway.config import Config, ModelSection
+from gateway.model.local_share import (
+    STATE_NAME,
+    LockTimeout,
+    ServerRecord,
+    end_orphan,
+    locked,
+    owner_alive,
+    process_started,
+    read_record,
+    remove_record,
+    serves_model,
+    write_record,
+)
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +96,12 @@ RESTART_RESET_SECONDS = 300.0
 class LocalModelServer:
     """`python -m llama_cpp.server --model <gguf>` on 127.0.0.1 at a free port: started,
     waited for (until `/v1/models` answers), restarted on the same port if it dies (the
-    gateway's `[llm] base_url` stays right), and stopped with the gateway."""
+    gateway's `[llm] base_url` stays right), and stopped with the gateway.
+
+    With a `state_path` (`<data_dir>/local-model.json`) the server is shared: `start` reuses the
+    one another live process recorded there when it serves the same model (`reused`; stopping
+    a reuser leaves that server running), and watches its owner: when the owner goes away, it
+    starts its own on the same port and records itself (see `gateway.model.local_share`)."""
 
     model_path: Path
     log_path: Path
@@ -91,7 +111,10 @@ class LocalModelServer:
     context_tokens: int = CONTEXT_TOKENS
     ready_timeout: float = 120.0
     extra_args: Sequence[str] = ()
+    state_path: Path | None = None
+    watch_interval: float = 1.0
     port: int | None = field(init=False, default=None)
+    reused: bool = field(init=False, default=False)
     process: asyncio.subprocess.Process | None = field(init=False, default=None)
     restart_delays: tuple[float, ...] = field(init=False, default=RESTART_DELAYS)
     restarts: int = field(init=False, default=0)
@@ -118,17 +141,130 @@ class LocalModelServer:
         ]
 
     async def start(self) -> str:
-        """Start the server and wait until it answers; return its OpenAI base URL."""
-        if self.process is not None:
+        """Start the server (or reuse the shared one) and wait until it answers; return its
+        OpenAI base URL."""
+        if self.process is not None or self._supervisor is not None:
             raise RuntimeError("the local model server is already started")
-        self.port = free_port()
         try:
-            await self._spawn(mode="wb")
+            if self.state_path is None:
+                self.port = free_port()
+                await self._spawn(mode="wb")
+            else:
+                async with self._lock():
+                    if await self._reuse():
+                        self._supervisor = asyncio.create_task(
+                            self._watch(), name="local-model-watcher"
+                        )
+                        return self.base_url
+                    self.port = free_port()
+                    alone = self._record_free(read_record(self.state_path))
+                    await self._spawn(mode="wb" if alone else "ab")
+                    self._claim_record()
         except BaseException:
             await self.stop()
             raise
         self._supervisor = asyncio.create_task(self._supervise(), name="local-model-supervisor")
         return self.base_url
+
+    @contextlib.asynccontextmanager
+    async def _lock(self) -> AsyncIterator[None]:
+        assert self.state_path is not None
+        lock_path = self.state_path.with_suffix(".lock")
+        try:
+            async with locked(lock_path, wait=self.ready_timeout + 30):
+                yield
+        except LockTimeout as exc:
+            raise LocalModelError(
+                f"another gatehouse process is starting the local model server: {exc}"
+            ) from None
+
+    async def _reuse(self) -> bool:
+        """Under the lock: talk to the recorded server when its owner lives and it serves this
+        model with this window; a record whose owner died is dropped (its server ended)."""
+        assert self.state_path is not None
+        record = read_record(self.state_path)
+        if record is None:
+            return False
+        if not owner_alive(record):
+            await self._drop_stale(record)
+            return False
+        if not record.serves(self.model_path, self.alias, self.context_tokens):
+            return False
+        if not await serves_model(record.port, self.alias):
+            return False
+        self.port, self.reused = record.port, True
+        log.info("using the local model server on port %d (started by pid %d)",
+                 record.port, record.owner_pid)
+        return True
+
+    async def _drop_stale(self, record: ServerRecord) -> None:
+        assert self.state_path is not None
+        if await end_orphan(record, self.server_module):
+            log.warning("stopped the local model server (pid %s) left running by pid %d, "
+                        "which is gone", record.server_pid, record.owner_pid)
+        self.state_path.unlink(missing_ok=True)
+
+    def _record_free(self, record: ServerRecord | None) -> bool:
+        """No live process but this one (this port) holds the record."""
+        return (
+            record is None
+            or not owner_alive(record)
+            or (record.owner_pid == os.getpid() and record.port == self.port)
+        )
+
+    def _claim_record(self) -> None:
+        """Record this process's running server, unless another live owner holds the record
+        (then this server stays private: it served a different model, or that one was down)."""
+        if self.state_path is None or self.port is None or self.process is None:
+            return
+        if not self._record_free(read_record(self.state_path)):
+            return
+        write_record(self.state_path, ServerRecord(
+            port=self.port, owner_pid=os.getpid(), owner_started=process_started(os.getpid()),
+            server_pid=self.process.pid, model=str(self.model_path), alias=self.alias,
+            context_tokens=self.context_tokens,
+        ))
+
+    def _owner_serves_our_port(self, record: ServerRecord | None) -> bool:
+        return record is not None and record.port == self.port and owner_alive(record)
+
+    async def _watch(self) -> None:
+        """A reuser's watch on the owner: once it is gone (stopped, or died), start a server on
+        the same port and own it from then on (restarts included)."""
+        assert self.state_path is not None and self.port is not None
+        failures = 0
+        pause = self.watch_interval
+        while True:
+            await asyncio.sleep(pause)
+            pause = self.watch_interval
+            if self._owner_serves_our_port(read_record(self.state_path)):
+                continue
+            try:
+                async with self._lock():
+                    record = read_record(self.state_path)
+                    if self._owner_serves_our_port(record):
+                        continue  # another reuser took over first
+                    if record is not None and not owner_alive(record):
+                        await self._drop_stale(record)
+                    log.warning("the process that ran the local model server is gone; "
+                                "starting it here on port %d", self.port)
+                    try:
+                        await self._spawn(mode="ab")
+                    except LocalModelError as exc:
+                        log.error("the local model server did not start: %s", exc)
+                        process, self.process = self.process, None
+                        await self._terminate(process)
+                        failures += 1  # look again later, the lock released meanwhile
+                        pause = self.restart_delays[min(failures, len(self.restart_delays)) - 1]
+                        continue
+                    self._claim_record()
+            except LocalModelError as exc:  # the lock: someone else is starting one; look again
+                log.warning("%s", exc)
+                continue
+            break
+        self.reused = False
+        log.info("local model server now run by this process (pid %d)", os.getpid())
+        await self._supervise()
 
     async def _spawn(self, mode: str) -> None:
         """Start the process on `self.port` (its output to the log) and wait until it answers."""
@@ -174,6 +310,7 @@ class LocalModelServer:
                 continue
             self.restarts += 1
             up_since = time.monotonic()
+            self._claim_record()  # its new server pid
             log.info("local model server restarted on port %s", self.port)
 
     async def _wait_ready(self) -> None:
@@ -211,7 +348,8 @@ class LocalModelServer:
         return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
 
     async def stop(self, grace: float = 10.0) -> None:
-        """Terminate the server (SIGTERM, then SIGKILL after `grace` seconds). Idempotent."""
+        """Terminate the server (SIGTERM, then SIGKILL after `grace` seconds) and drop its
+        record; a reuser leaves the shared server running. Idempotent."""
         supervisor, self._supervisor = self._supervisor, None
         if supervisor is not None:  # first, so that it restarts nothing from here on
             supervisor.cancel()
@@ -219,6 +357,10 @@ class LocalModelServer:
         process, self.process = self.process, None
         if await self._terminate(process, grace):
             log.info("local model server stopped")
+        if self.state_path is not None and self.port is not None and not self.reused:
+            # After the server is down: a reuser that sees the record gone starts its own on
+            # this port at once.
+            remove_record(self.state_path, os.getpid(), self.port)
 
     @staticmethod
     async def _terminate(
@@ -293,7 +435,8 @@ async def bundled_model(
         yield None
         return
     server = LocalModelServer(
-        model_path, config.data_dir / "local-model.log", server_module=server_module
+        model_path, config.data_dir / "local-model.log", server_module=server_module,
+        state_path=config.data_dir / STATE_NAME,
     )
     await server.start()
     try:

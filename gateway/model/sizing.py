@@ -126,6 +126,11 @@ class ContextResolver:
         self._window_cache = ((model, reported), resolution)
         return resolution
 
+    def reload_limits(self) -> None:
+        """Read the history limits from the config again (after a reload changed them): the
+        next prompt assembled uses them."""
+        self.limits = history_limits(self.config)
+
     def history_limit(self, where: Conversation) -> LimitResolution:
         return resolve_history_limit(
             self.limits, where.platform, where.chat_type, where.chat_id, where.user_id

@@ -19,7 +19,13 @@ from gateway.operations.compaction import (
     compact_session,
     uncompact_session,
 )
-from gateway.operations.explain import Explanation, LastCompaction, explain, explain_session
+from gateway.operations.explain import (
+    Explanation,
+    LastCompaction,
+    explain,
+    explain_session,
+    preview,
+)
 from gateway.operations.sessions import (
     CompactionEntry,
     CompactionMark,
@@ -87,6 +93,7 @@ __all__ = [
     "next_trigger",
     "opened",
     "pressure_tokens",
+    "preview",
     "read_transcript",
     "search_history",
     "search_session_history",

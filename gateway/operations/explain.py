@@ -1,4 +1,5 @@
-"""`gatehouse context explain`: every limit applied to a session, and where each comes from."""
+"""`gatehouse context explain`: every limit applied to a session, and where each comes from; for
+a key nobody has written to yet, a preview of what would apply (`preview`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ from typing import Any, ClassVar
 from context.engine import PlanFacts
 from gateway.app import Gateway
 from gateway.config import Config
+from gateway.inbound.session_keys import KeyParts, parse_key
 from gateway.operations.common import opened
+from gateway.store.models import SessionRow
+from gateway.turn.history import SessionView
 from gateway.turn.runner import compaction_blocked_reason
 
 
@@ -61,12 +65,15 @@ class Explanation:
     compactions: int
     """Compactions in effect (not undone)."""
     last_compaction: LastCompaction | None
+    preview: bool = False
+    """No session has this key yet: what would apply to its first message (`preview`)."""
 
     def to_json(self) -> dict[str, Any]:
         """The plan's facts, then the session's: one flat object."""
         return {
             **(self.plan.to_dict() if self.plan is not None else {}),
             "session": self.session,
+            "preview": self.preview,
             "platform": self.platform,
             "chat_type": self.chat_type,
             "stored_messages": self.stored_messages,
@@ -88,15 +95,21 @@ class Explanation:
 
 async def explain_session(
     config: Config, session_key: str, *, fetch_metadata: bool = True
-) -> Explanation | None:
+) -> Explanation:
+    """`explain`, or the `preview` for a key with no session yet (`SessionKeyError` for a
+    string that is no session key)."""
     async with opened(config) as gateway:
-        return await explain(gateway, session_key, fetch_metadata=fetch_metadata)
+        found = await explain(gateway, session_key, fetch_metadata=fetch_metadata)
+        if found is None:
+            return await preview(gateway, session_key, fetch_metadata=fetch_metadata)
+        return found
 
 
 async def explain(
     gateway: Gateway, session_key: str, *, fetch_metadata: bool = True
 ) -> Explanation | None:
-    """The facts `gatehouse context explain` prints: the same resolution and engine as a turn."""
+    """The facts `gatehouse context explain` prints: the same resolution and engine as a turn
+    (None: no session has this key; see `preview`)."""
     config = gateway.config
     session = await gateway.store.get_session(session_key)
     if session is None or session.id is None:
@@ -139,3 +152,92 @@ async def explain(
             latest.tokens_after, latest.quality,
         ),
     )
+
+
+async def preview(
+    gateway: Gateway, session_key: str, *, fetch_metadata: bool = True
+) -> Explanation:
+    """What would apply to the first message of the conversation `session_key` names, before
+    anybody writes: the key read back into platform, chat and user (`parse_key`), resolved by the
+    same code as a turn (window, history limit with its source, budget, thresholds), over an
+    empty history. `SessionKeyError` when `session_key` is not a key the gateway builds."""
+    parts = parse_key(session_key)
+    platform, user_id, notes = _who(gateway, parts)
+    if fetch_metadata and gateway.llm.configured:
+        await gateway.resolver.fetch_metadata_now()
+    draft = SessionRow(
+        key=session_key, agent=parts.agent, platform=platform or "", chat_type=parts.chat_type,
+        chat_id=parts.chat_id or user_id or "", thread_id=parts.thread_id,
+        account=parts.account or "default",
+    )
+    runner = gateway.runner
+    settings = runner.settings_for(draft, user_id)
+    plan = gateway.engine.assemble(
+        runner.turn_context(session_key, SessionView(None, []), 1 << 62, settings)
+    )
+    limit = settings.history_limit
+    return Explanation(
+        plan=plan.facts,
+        session=session_key,
+        platform=platform or "(any)",
+        chat_type=parts.chat_type,
+        stored_messages=0,
+        messages_after_summary=0,
+        messages_in_prompt=len(plan.messages),
+        last_reported_prompt_tokens=None,
+        calibration=gateway.resolver.calibration(session_key).describe(),
+        history_limit_text="unlimited" if limit.unlimited else f"last {limit.limit:,} user turns",
+        notes=(*notes, *plan.notes),
+        window_too_small=settings.window.too_small,
+        automatic_compaction="allowed",
+        compactions=0,
+        last_compaction=None,
+        preview=True,
+    )
+
+
+def _who(gateway: Gateway, parts: KeyParts) -> tuple[str | None, str | None, list[str]]:
+    """(platform, user id) whose limits a new session under `parts` gets, and notes on what
+    the key cannot say or this gateway would not do with it."""
+    config = gateway.config
+    notes: list[str] = []
+    platform, user_id = parts.platform, parts.user_id
+    if parts.agent != config.gateway.agent:
+        notes.append(
+            f"the key names agent {parts.agent!r}; this gateway is [gateway] agent = "
+            f"{config.gateway.agent!r}"
+        )
+    if parts.scope == "main":
+        notes.append(
+            "one session for every DM (dm_scope = \"main\"): its platform and person are "
+            "whoever writes; the limits shown are those of no particular platform"
+        )
+    elif parts.person is not None:
+        linked = gateway.keyer.linked_ids(parts.person)
+        if not linked:
+            notes.append(
+                f"{parts.person!r} is not in [sessions] identity_links: no message is filed "
+                "under this key"
+            )
+        else:
+            platform, user_id = linked[0]
+            if len(linked) > 1:
+                others = ", ".join(f"{p}:{u}" for p, u in linked[1:])
+                notes.append(
+                    f"{parts.person!r} is linked to {platform}:{user_id} (shown) and {others}: "
+                    "a message from another of them gets that platform's limits"
+                )
+    scope, per_user = config.sessions.dm_scope, config.sessions.per_user_in_groups
+    if parts.chat_type == "direct" and parts.scope != scope:
+        notes.append(
+            f"this is a dm_scope = {parts.scope!r} key, and [sessions] dm_scope is {scope!r}: "
+            "DMs are filed under keys of another shape"
+        )
+    if parts.scope == "group" and (parts.user_id is not None) != per_user:
+        notes.append(
+            f"[sessions] per_user_in_groups is {str(per_user).lower()}: group sessions are "
+            + ("one per sender (…:user:<sender>)" if per_user else "one per chat (no :user:)")
+        )
+    if platform is not None and platform not in type(config.channels).model_fields:
+        notes.append(f"no channel is called {platform!r}: the [context] default applies")
+    return platform, user_id, notes

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gateway.store.attachments import AttachmentRepository
 from gateway.store.compactions import CompactionRepository
 from gateway.store.engine import Database
 from gateway.store.locks import Locks
@@ -44,6 +45,7 @@ class Store:
         self.outbox_repo = OutboxRepository(self.database)
         self.pairing_repo = PairingRepository(self.database)
         self.compaction_repo = CompactionRepository(self.database)
+        self.attachment_repo = AttachmentRepository(self.database)
 
         # The operations: each one the repository's own bound method.
         # cross-process locks (locks.py)
@@ -66,6 +68,7 @@ class Store:
         self.post_message = self.message_repo.post_message
         self.summary_and_history = self.message_repo.summary_and_history
         self.history = self.message_repo.history
+        self.recent_messages = self.message_repo.recent_messages
         self.mark_handled = self.message_repo.mark_handled
         self.mark_status = self.message_repo.mark_status
         self.mark_interrupted = self.message_repo.mark_interrupted
@@ -76,6 +79,8 @@ class Store:
         # turns (turns.py)
         self.claim_pending = self.turn_repo.claim_pending
         self.claim_turn = self.turn_repo.claim_turn
+        self.arrivals = self.turn_repo.arrivals
+        self.claim_arrivals = self.turn_repo.claim_arrivals
         self.finish_turn = self.turn_repo.finish_turn
         self.sessions_with_pending = self.turn_repo.sessions_with_pending
         self.has_pending = self.turn_repo.has_pending
@@ -108,6 +113,11 @@ class Store:
         self.latest_compaction = self.compaction_repo.latest_compaction
         self.record_flush = self.compaction_repo.record_flush
         self.memory_flushes = self.compaction_repo.memory_flushes
+
+        # inbound messages waiting for their attachments (attachments.py)
+        self.complete_inbound = self.attachment_repo.complete_inbound
+        self.answer_inbound = self.attachment_repo.answer_inbound
+        self.fetching_messages = self.attachment_repo.fetching_messages
 
     # -- the database -----------------------------------------------------------------------
 

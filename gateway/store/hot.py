@@ -167,8 +167,10 @@ UNHANDLED = _select(
 )
 SET_SEQ = "UPDATE messages SET seq = :seq WHERE id = :id"
 SET_HANDLED = (
-    "UPDATE messages SET handled = :yes, status = :status, tokens = COALESCE(:tokens, tokens) "
-    "WHERE id = :id"
+    # A chat command (`/status`...: gateway/turn/commands.py) stays marked: the model never sees it.
+    "UPDATE messages SET handled = :yes, "
+    "status = CASE WHEN status = 'command' THEN status ELSE :status END, "
+    "tokens = COALESCE(:tokens, tokens) WHERE id = :id"
 )
 SET_TOKENS = "UPDATE messages SET tokens = :tokens WHERE id = :id"
 HISTORY = _select(

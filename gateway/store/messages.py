@@ -27,6 +27,9 @@ from gateway.store.sessions import SessionInfo, SessionRepository
 
 CONTEXT_STATUS = "context"
 """An unmentioned group message: stored, shown to the model with the next mention."""
+FETCHING_STATUS = "fetching"
+"""An inbound message whose attachments are still being downloaded: stored as it arrived, but
+marked handled so no turn claims it until gateway/store/attachments.py completes it."""
 
 Known = tuple[int, int] | None
 """What a cached history holds: (the covered seq it starts after, its last seq); see
@@ -96,12 +99,19 @@ class MessageRepository:
         )
 
     async def accept_inbound(
-        self, info: SessionInfo, msg: InboundMessage, *, status: str | None = None
+        self,
+        info: SessionInfo,
+        msg: InboundMessage,
+        *,
+        status: str | None = None,
+        content: Any = None,
     ) -> tuple[int, MessageRow | None]:
         """Persist an inbound user message before its turn, creating the session if needed.
 
         Returns (session id, row); the row is None when the message is a duplicate (same
         platform message id in the same chat), so a redelivery is never answered twice.
+        `content` replaces the text as what is stored (a message with attachments); with
+        `FETCHING_STATUS` the row waits, out of every claim, until its downloads finish.
         """
 
         def op(cursor: Any) -> tuple[int, MessageRow | None]:
@@ -111,13 +121,13 @@ class MessageRepository:
                 {
                     "session_id": session_id,
                     "role": "user",
-                    "content": msg.text,
+                    "content": msg.text if content is None else content,
                     "sender_id": msg.sender_id,
                     "sender_name": msg.sender_name,
                     "platform": msg.platform,
                     "chat_id": msg.chat_id,
                     "platform_message_id": msg.platform_message_id,
-                    "handled": False,
+                    "handled": status == FETCHING_STATUS,
                     "status": status,
                 },
             )
@@ -231,6 +241,26 @@ class MessageRepository:
     async def history(self, session_id: int, after_seq: int = 0) -> list[Message]:
         hot = self._db.hot
         return await self._db.fast(lambda cursor: hot.history(cursor, session_id, after_seq))
+
+    async def recent_messages(
+        self, session_id: int, after_seq: int, limit: int
+    ) -> list[MessageRow]:
+        """The newest `limit` user and assistant rows after `after_seq`, oldest first (what
+        a chat page shows). Tool results are left out; an assistant row that only called
+        tools is still among them (its content is empty), so the caller may get fewer lines."""
+        stmt = (
+            select(MessageRow)
+            .where(
+                MessageRow.session_id == session_id,
+                col(MessageRow.seq).is_not(None),
+                col(MessageRow.seq) > after_seq,
+                col(MessageRow.role).in_(("user", "assistant")),
+            )
+            .order_by(col(MessageRow.seq).desc())
+            .limit(limit)
+        )
+        rows = await self._db.read(lambda db: list(db.exec(stmt).all()))
+        return rows[::-1]
 
     async def _update_messages(self, ids: Iterable[int], **values: Any) -> None:
         ids = list(ids)

@@ -40,6 +40,42 @@ def _awaiting_answer() -> tuple[Any, ...]:
     )
 
 
+def _new_ask(row: MessageRow) -> bool:
+    """An inbound message no turn has placed yet, other than group context."""
+    return row.seq is None and row.status != CONTEXT_STATUS
+
+
+def one_turns_worth(rows: list[MessageRow]) -> list[MessageRow]:
+    """Of a session's unanswered messages (arrival order), what one `followup` turn answers:
+    those a stopped turn had placed already (it is resumed as it was), else the oldest new
+    message with the group context that came before it."""
+    placed = [r for r in rows if r.seq is not None]
+    if any(r.status != CONTEXT_STATUS for r in placed):
+        return placed
+    taken = list(placed)
+    for row in rows:
+        if row.seq is None:
+            taken.append(row)
+            if row.status != CONTEXT_STATUS:
+                break
+    return taken
+
+
+def steerable_prefix(
+    waiting: list[MessageRow], joins: Callable[[MessageRow], bool]
+) -> list[MessageRow]:
+    """Of the unplaced messages (arrival order), those a running turn may take in (`steer`):
+    up to the first one `joins` refuses, group context only before a message it takes."""
+    taken: list[MessageRow] = []
+    for row in waiting:
+        if row.status != CONTEXT_STATUS and not joins(row):
+            break
+        taken.append(row)
+    while taken and taken[-1].status == CONTEXT_STATUS:
+        taken.pop()
+    return taken
+
+
 class TurnRepository:
     """Claim a turn's messages, finish the turn, find what still waits; read turn records."""
 
@@ -66,17 +102,22 @@ class TurnRepository:
         key: str,
         context_limit: Callable[[SessionRow], int | None],
         known: Callable[[int], Known] | None = None,
+        *,
+        one_message: Callable[[SessionRow], bool] | None = None,
     ) -> tuple[SessionRow | None, list[MessageRow], HistoryRead | None]:
         """The session and its claimed messages (see `claim_pending`) in one step; with
         `known` (session id → what the caller's cached history holds, called inside the step),
-        also the turn's `summary_and_history`, saving the turn a transaction of its own."""
+        also the turn's `summary_and_history`, saving the turn a transaction of its own. When
+        `one_message(session)` says so (queue mode `followup`), only one new message is
+        claimed (`one_turns_worth`)."""
         hot = self._db.hot
 
         def op(cursor: Any) -> tuple[SessionRow | None, list[MessageRow], HistoryRead | None]:
             session = hot.get_session(cursor, key)
             if session is None or session.id is None:
                 return None, [], None
-            claimed = self._claim(cursor, session.id, context_limit(session))
+            single = one_message is not None and one_message(session)
+            claimed = self._claim(cursor, session.id, context_limit(session), single)
             read = None
             if known is not None and claimed:
                 state = known(session.id)
@@ -85,9 +126,13 @@ class TurnRepository:
 
         return await self._db.fast(op, write=True)
 
-    def _claim(self, cursor: Any, session_id: int, context_limit: int | None) -> list[MessageRow]:
+    def _claim(
+        self, cursor: Any, session_id: int, context_limit: int | None, single: bool = False
+    ) -> list[MessageRow]:
         hot = self._db.hot
         rows = hot.unhandled(cursor, session_id)
+        if single:
+            rows = one_turns_worth(rows)
         unplaced = [r for r in rows if r.seq is None]
         context = [r for r in unplaced if r.status == CONTEXT_STATUS]
         if context_limit is not None and len(context) > context_limit:
@@ -102,6 +147,40 @@ class TurnRepository:
                 row.seq = first + i
             hot.set_seqs(cursor, ((r.id, r.seq) for r in unplaced if r.id and r.seq))
         return sorted(rows, key=lambda r: r.seq or 0)
+
+    async def arrivals(self, session_id: int) -> list[MessageRow]:
+        """Messages that arrived since the running turn's claim (no place yet, not answered,
+        group context left out), oldest first: what may steer or interrupt that turn."""
+        hot = self._db.hot
+
+        def op(cursor: Any) -> list[MessageRow]:
+            return [r for r in hot.unhandled(cursor, session_id) if _new_ask(r)]
+
+        return await self._db.fast(op)
+
+    async def claim_arrivals(
+        self, session_id: int, joins: Callable[[MessageRow], bool]
+    ) -> list[MessageRow]:
+        """Place the messages that arrived since the running turn's claim after everything
+        stored so far, for that turn to answer too (queue mode `steer`); returns them in order.
+
+        Taken in arrival order up to the first one `joins` refuses (a command: it waits for a
+        turn of its own, and so does everything after it); group context only along with a
+        message after it. The caller marks them handled with its reply (`finish_turn`).
+        """
+        hot = self._db.hot
+
+        def op(cursor: Any) -> list[MessageRow]:
+            waiting = [r for r in hot.unhandled(cursor, session_id) if r.seq is None]
+            taken = steerable_prefix(waiting, joins)
+            if taken:
+                first = hot.allocate_seqs(cursor, session_id, len(taken))
+                for i, row in enumerate(taken):
+                    row.seq = first + i
+                hot.set_seqs(cursor, ((r.id, r.seq) for r in taken if r.id and r.seq))
+            return taken
+
+        return await self._db.fast(op, write=True)
 
     async def finish_turn(
         self,

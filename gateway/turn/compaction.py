@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,6 +26,7 @@ from gateway.store import CompactionRow, SessionRow, Store
 from gateway.tools.memory import MemoryFlush
 from gateway.turn.archive import Archive, archive_entries
 from gateway.turn.history import RESET_REASON, HistoryCache, is_reset
+from gateway.turn.notices import TurnNotices
 from gateway.turn.prompt import TurnPrompts
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,9 @@ class Compactor:
     flush: MemoryFlush | None = None
     archive: Archive | None = None
     on_compaction: OnCompaction | None = None
+    notices: dict[str, TurnNotices] = field(default_factory=dict)
+    """By session key: the chat to tell when a compaction starts and what it kept, set by the
+    runner for the turn in progress (`[context] notify_compaction`); none for idle and CLI ones."""
 
     async def blocked(self, session_key: str) -> str | None:
         """Why automatic compaction may not run now (anti-thrash), or None."""
@@ -87,6 +91,9 @@ class Compactor:
         session = await self.store.get_session(session_key)
         assert session is not None and session.id is not None
         started = time.perf_counter()
+        notices = self.notices.get(session_key)
+        if notices is not None:
+            await notices.compacting()
         try:
             result = await self.engine.compact(turn, self.summarize, instructions)
         except Exception:
@@ -94,7 +101,11 @@ class Compactor:
             await self.store.set_compaction_state(session.id, cooldown_until=self._cooldown())
             if self.on_compaction is not None:
                 self.on_compaction(reason, None)
+            if notices is not None:
+                await notices.compacted(reason, None, ())
             return None
+        if notices is not None:
+            await notices.compacted(reason, result, [*turn.history, *turn.incoming])
         if result is None:
             return None
         if self.on_compaction is not None:
@@ -153,7 +164,7 @@ class Compactor:
         return result
 
     async def reset_session(
-        self, session_key: str, why: str, *, flush: bool = True
+        self, session_key: str, why: str, *, flush: bool = True, through: int | None = None
     ) -> CompactionRow | None:
         """Start a fresh context: later turns see neither the messages so far nor any summary.
 
@@ -162,15 +173,17 @@ class Compactor:
         `memory_search` finds them (archived transcript) and `sessions uncompact` undoes the
         reset. With `flush`, the silent memory flush runs first, as before a compaction.
         Returns None when there is nothing to reset or a turn's messages are still unanswered.
+        With `through` (a turn's `/new`: the caller holds the lane mid-turn), the boundary ends
+        at that seq, whatever else the turn holds: the turn's later messages stay after it.
         """
         session = await self.store.get_session(session_key)
         if session is None or session.id is None:
             return None
-        if await self.store.has_pending(session.id):
+        if through is None and await self.store.has_pending(session.id):
             log.info("not resetting %s: it has unanswered messages", session_key)
             return None
         latest = await self.store.latest_compaction(session.id)
-        last_seq = session.next_seq - 1
+        last_seq = session.next_seq - 1 if through is None else through
         if last_seq < 1 or (latest is not None and is_reset(latest) and latest.last_seq >= last_seq):
             return None  # nothing said since the last reset
         view = await self.histories.view(session.id)
@@ -189,7 +202,7 @@ class Compactor:
                 f"[Session reset: {why}. Messages up to seq {last_seq} stay stored but are no "
                 "longer sent to the model.]"
             ),
-            tokens_before=sum(m.tokens or 0 for m in view.history),
+            tokens_before=sum(m.tokens or 0 for m in view.history if (m.seq or 0) <= last_seq),
             tokens_after=0,
             quality={"reason": RESET_REASON, "why": why},
             model=None,

@@ -33,10 +33,10 @@ from gateway.turn.artifacts import cap_tool_output
 from gateway.turn.compaction import (
     Compactor,
     OnCompaction,
-    compact_command,
     compaction_blocked_reason,
     describe_compaction,
 )
+from gateway.turn.commands import Describe, run_commands
 from gateway.turn.history import (
     COMMAND_STATUS,
     ERROR_STATUS,
@@ -47,6 +47,8 @@ from gateway.turn.history import (
     SessionView,
     is_reset,
 )
+from gateway.turn.midturn import TOOL_NOT_RUN, Arrivals, MidTurn, queue_mode
+from gateway.turn.notices import TurnNotices, with_cut_notice
 from gateway.turn.outbox import Deliver, DeliveryLog
 from gateway.turn.previews import PreviewStream
 from gateway.turn.prompt import HISTORY_HINT, TurnPrompts
@@ -99,6 +101,8 @@ class TurnHooks:
     on_turn: Callable[[TurnStats], None] | None = None
     on_compaction: OnCompaction | None = None
     """Told of each compaction attempt's reason and result (None: it crashed)."""
+    describe: Describe | None = None
+    """Answers `/status` and `/context` (the Gateway: gateway/operations/chat.py)."""
 
 
 @dataclass(eq=False)
@@ -118,6 +122,8 @@ class Runner:
     def __post_init__(self) -> None:
         self.agents = AgentsFile(self.config.workspace / "AGENTS.md")
         self.histories = HistoryCache(self.store)
+        self.arrivals = Arrivals()
+        """Told of each accepted message, so a running turn can steer or stop (midturn.py)."""
         self.prompts = TurnPrompts(self.config, self.llm, self.tools, self.resolver, self.agents)
         self.compactions = Compactor(
             self.config, self.store, self.engine, self.llm, self.summarize, self.histories,
@@ -126,13 +132,20 @@ class Runner:
 
     # -- a turn -----------------------------------------------------------------------------
 
-    async def run_turn(self, session_key: str) -> None:
+    async def run_turn(self, session_key: str) -> bool:
+        """Answer what waits in the session; True when more waits for another turn (queue mode
+        `followup` answers one message a turn: gateway/turn/midturn.py)."""
         # The claim reads the turn's history too (one transaction fewer): see `view`.
         session, claimed, read = await self.store.claim_turn(
-            session_key, self._group_buffer, self.histories.known
+            session_key, self._group_buffer, self.histories.known, one_message=self._one_per_turn
         )
         if session is None or session.id is None or not claimed:
-            return
+            return False
+        mid = MidTurn(
+            queue_mode(self.config, session.platform), self.store, session.id,
+            cross_process=not self.store.is_sqlite,
+        )
+        self.arrivals.watch(session_key, mid)
         started = time.perf_counter()
         stats = TurnStats(session_key, len(claimed), platform=session.platform)
         status: str | None = None
@@ -147,6 +160,8 @@ class Runner:
             answers=tuple(r.platform_message_id for r in claimed if r.platform_message_id),
         )
         hooks = self.hooks
+        if self.config.context.notify_compaction:  # "compacting…" and what it kept
+            self.compactions.notices[session_key] = TurnNotices(self.deliver, outbound)
         preview = hooks.previews(outbound) if hooks.previews is not None else None
         stop_typing = typing_later(
             hooks.typing, self.config.gateway.typing_delay_ms / 1000,
@@ -157,8 +172,12 @@ class Runner:
             if asked:
                 # A command's compaction moved the summary: the claim's read is stale then.
                 notices.append(
-                    await self._answer(session, asked, stats, preview, None if notices else read)
+                    await self._answer(
+                        session, asked, stats, preview, None if notices else read, mid
+                    )
                 )
+            else:
+                status = COMMAND_STATUS  # commands only: their answer is hidden from the model
             reply = "\n\n".join(notices)
         except asyncio.CancelledError:
             if preview is not None:
@@ -175,8 +194,12 @@ class Runner:
             status = ERROR_STATUS
         finally:
             stop_typing()
+            self.compactions.notices.pop(session_key, None)
             if preview is not None:
                 preview.close()
+        if mid.interrupted:
+            status = INTERRUPTED_STATUS  # the cut reply stays in the history, marked
+        answered = [*claimed, *mid.steered]
         reply_message = Message(role="assistant", content=reply)
         reply_message = reply_message.with_tokens(
             self.resolver.counter.count_message(reply_message)
@@ -185,13 +208,13 @@ class Runner:
         # The preview's id (once an edit in flight has landed) is stored with the reply, so a
         # reply sent after a crash still replaces its preview instead of appearing beside it.
         preview_id = await preview.finish() if preview is not None else None
-        final = replace(outbound, text=reply, preview_id=preview_id)
+        final = mid.addressed(replace(outbound, text=reply, preview_id=preview_id))
         # The reply enters the outbox with the turn's commit and leaves it once sent: a crash in
         # between never loses it (`Gateway.start` sends what is left; see gateway/turn/outbox.py).
         outbox_id = await self.store.finish_turn(
             session.id,
             reply_message,
-            (r.id for r in claimed if r.id is not None),
+            (r.id for r in answered if r.id is not None),
             TurnUsage(stats.prompt_tokens, stats.completion_tokens),
             reply_status=status,
             error=stats.error,
@@ -207,19 +230,17 @@ class Runner:
             await hooks.delivery.send(outbox_id, final)
         elif (await self.deliver(final)).sent and outbox_id is not None:
             await self.store.forget_outbox([outbox_id])
+        return self._one_per_turn(session) and await self.store.has_pending(session.id)
+
+    def _one_per_turn(self, session: SessionRow) -> bool:
+        return queue_mode(self.config, session.platform) == "followup"
 
     async def _run_commands(
         self, session_key: str, claimed: list[MessageRow]
     ) -> tuple[list[str], list[MessageRow]]:
-        """Run the `/compact` commands among the claimed messages: the notice saying what
-        happened (if any ran), and the messages left for the model to answer."""
-        commands = [r for r in claimed if compact_command(r.content) is not None]
-        if not commands:
-            return [], claimed
-        await self.store.mark_status([r.id for r in commands if r.id is not None], COMMAND_STATUS)
-        instructions = compact_command(commands[-1].content) or ""
-        result = await self.compact_session(session_key, instructions, reason="command")
-        return [describe_compaction(result)], [r for r in claimed if r not in commands]
+        """Answer the chat commands among the claimed messages (`/status`, `/new`, `/compact`…:
+        gateway/turn/commands.py): their answers, and the messages left for the model."""
+        return await run_commands(self, self.hooks.describe, session_key, claimed)
 
     async def _answer(
         self,
@@ -228,9 +249,11 @@ class Runner:
         stats: TurnStats,
         preview: PreviewStream | None = None,
         read: HistoryRead | None = None,
+        mid: MidTurn | None = None,
     ) -> str:
         assert session.id is not None
         session_key = session.key
+        mid = mid or MidTurn("collect", self.store, session.id)
         first_seq = claimed[0].seq or 0
         ctx = ToolContext(
             session_key=session_key,
@@ -252,6 +275,10 @@ class Runner:
         overflow_retries = 0
         compacted_this_turn = False
         for _round in range(self.config.llm.max_tool_rounds):
+            # What arrived meanwhile, in queue modes steer and interrupt (midturn.py).
+            self.histories.append(session.id, await mid.steer())
+            if await mid.stop_due():
+                return mid.interrupt()
             turn = self.turn_context(session_key, view, first_seq, settings)
             plan = self.engine.assemble(turn)
             if plan.wants_flush:
@@ -278,11 +305,15 @@ class Runner:
             self.last_plan[session_key] = plan
             stats.note_pressure(plan)
             try:
-                completion = await self.llm.complete(
-                    plan.messages,
-                    all_specs if view.summary is not None else fresh_specs,
-                    on_text=preview.update if preview else None,
+                completion = await mid.call(
+                    self.llm.complete(
+                        plan.messages,
+                        all_specs if view.summary is not None else fresh_specs,
+                        on_text=mid.on_text(preview),
+                    )
                 )
+                if completion is None:
+                    return mid.interrupt()
                 if turn.refresh and view.summary is not None and view.summary.id is not None:
                     await self.store.mark_refreshed(view.summary.id)
                     view.summary.refreshed = True
@@ -315,10 +346,19 @@ class Runner:
                 )
             message = completion.message
             if not message.tool_calls:
-                return message.text.strip() or "(The model returned an empty reply.)"
+                text = with_cut_notice(message.text.strip(), completion.finish_reason)
+                return text or "(The model returned an empty reply.)"
             stats.tool_rounds += 1
             round_messages = [message]
             for call in message.tool_calls:
+                if await mid.stop_due():  # the round stays whole: the calls left are not run
+                    round_messages.append(
+                        Message(
+                            role="tool", content=TOOL_NOT_RUN, tool_call_id=call.id,
+                            name=call.name, meta={"tool_error": True},
+                        )
+                    )
+                    continue
                 tool_result = await self.tools.call(call.name, call.arguments, ctx)
                 content = await cap_tool_output(
                     self.engine, settings, self.config.workspace,
@@ -406,10 +446,10 @@ class Runner:
         return await self.compactions.compact_session(session_key, instructions, reason)
 
     async def reset_session(
-        self, session_key: str, why: str, *, flush: bool = True
+        self, session_key: str, why: str, *, flush: bool = True, through: int | None = None
     ) -> CompactionRow | None:
         """Start a fresh context (see `Compactor.reset_session`); the caller holds the lane."""
-        return await self.compactions.reset_session(session_key, why, flush=flush)
+        return await self.compactions.reset_session(session_key, why, flush=flush, through=through)
 
     async def uncompact(self, session_key: str) -> CompactionRow | None:
         return await self.compactions.uncompact(session_key)

@@ -45,7 +45,7 @@ from gateway.app import Gateway
 from gateway.config import WebSection
 from gateway.store.models import utcnow
 from gateway.web.guard import BadBody, HostPolicy, log_refusal
-from memory.index import Corpus
+from memory.index import Corpus, Hit, SearchMode
 from memory.notes import NoteError, read_lines
 from memory.workspace import WorkspacePathError, list_workspace_files
 
@@ -55,6 +55,9 @@ TRANSCRIPT_LIMIT = 500
 """Most messages a session page shows (the newest); `gatehouse sessions export` has them all."""
 PROXY_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Real-IP")
 CORPORA: dict[str, Corpus] = {"notes": "notes", "transcripts": "transcripts", "all": "all"}
+SEARCH_MODES: dict[str, SearchMode] = {"hybrid": "hybrid", "bm25": "bm25", "vector": "vector"}
+MAX_QUERY_CHARS = 500
+"""Longest memory search query the admin takes (a query is words, not a document)."""
 
 AuthResult = Literal["ok", "missing", "wrong", "off"]
 AUTH_KEY = web.RequestKey("admin_auth", str)
@@ -112,6 +115,19 @@ class LoginLimiter:
         self._failures.move_to_end(client)
         while len(self._failures) > self.max_clients:
             self._failures.popitem(last=False)
+
+
+def admin_status(settings: WebSection, url: str) -> str:
+    """The startup log line saying where the admin UI is and how one gets in, or that it is off
+    and how to turn it on (`url`: the web server's base URL)."""
+    if settings.admin_token:
+        return f"admin UI at {url}/admin/ (token required: [web] admin_token)"
+    if settings.admin_anonymous:
+        return f"admin UI at {url}/admin/ (no login: [web] admin_anonymous = true, loopback only)"
+    return (
+        "admin UI is off: set [web] admin_token (at least 16 characters, e.g. "
+        "\"${GATEHOUSE_ADMIN_TOKEN}\") and restart to serve it at " + f"{url}/admin/"
+    )
 
 
 class AdminAuth:
@@ -177,11 +193,29 @@ class ChartPoint:
     label: str
 
 
+MarkerKind = Literal["compaction", "flush", "flush-failed"]
+MARKER_GAP = 7
+"""Pixels between events that fall between the same two turns (a flush, then its compaction)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ChartMarker:
+    """A compaction or memory flush: a vertical line, and a glyph at the top of the plot (a
+    triangle for a compaction, a diamond for a flush, hollow when it failed); events between
+    the same two turns stand side by side, their glyphs stacked, in the order they happened."""
+
     x: float
-    kind: Literal["compaction", "flush", "flush-failed"]
+    kind: MarkerKind
     label: str
+    glyph_y: float = 0.0
+
+    @property
+    def glyph(self) -> str:
+        """The glyph's SVG path, centred on (x, glyph_y)."""
+        x, y, r = self.x, self.glyph_y, 5
+        if self.kind == "compaction":
+            return f"M{x - r:.1f},{y - r:.1f}H{x + r:.1f}L{x:.1f},{y + r:.1f}Z"
+        return f"M{x:.1f},{y - r:.1f}L{x + r:.1f},{y:.1f}L{x:.1f},{y + r:.1f}L{x - r:.1f},{y:.1f}Z"
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,19 +282,37 @@ def token_chart(
         )
         for i, (t, tokens) in enumerate(turns)
     ]
-    markers = [
-        ChartMarker(
-            x_at(between(c.at)), "compaction",
+    events: list[tuple[datetime, MarkerKind, str]] = [
+        (
+            _aware(c.at), "compaction",
             f"compaction #{c.id}: {c.tokens_before:,} → {c.tokens_after:,} tokens",
         )
         for c in history.compactions
     ] + [
-        ChartMarker(
-            x_at(between(f.at)), "flush" if f.ok else "flush-failed",
+        (
+            _aware(f.at), "flush" if f.ok else "flush-failed",
             f"memory flush (cycle {f.cycle}): "
             + (f"{f.notes} notes written" if f.ok else "failed"),
         )
         for f in history.flushes
+    ]
+    slot_events: dict[float, list[tuple[datetime, MarkerKind, str]]] = {}
+    for event in sorted(events, key=lambda e: e[0]):
+        slot_events.setdefault(between(event[0]), []).append(event)
+
+    def centre(position: float, events: int) -> float:
+        """Where a group of events sits: between its turns, kept inside the plot (with room
+        for the glyphs) when it falls before the first turn or after the last."""
+        half = MARKER_GAP * (events - 1) / 2 + 6
+        return min(max(x_at(position), left + half), left + plot_w - half)
+
+    markers = [
+        ChartMarker(
+            centre(position, len(group)) + MARKER_GAP * (i - (len(group) - 1) / 2), kind, label,
+            glyph_y=top + 7 + 12 * i,
+        )
+        for position, group in slot_events.items()
+        for i, (_at, kind, label) in enumerate(group)
     ]
     compact_at, flush_at = history.compact_at, history.flush_at
     lines = [
@@ -281,6 +333,17 @@ def _safe_next(target: str | None) -> str:
     return target
 
 
+def _memory_query_problem(query: str, corpus: str, mode: str) -> str | None:
+    """What is wrong with the memory page's query parameters, in one sentence, or None."""
+    if corpus not in CORPORA:
+        return f"corpus must be notes, transcripts or all, not {corpus[:40]!r}"
+    if mode not in SEARCH_MODES:
+        return f"mode must be hybrid, bm25 or vector, not {mode[:40]!r}"
+    if len(query) > MAX_QUERY_CHARS:
+        return f"the query is {len(query):,} characters; at most {MAX_QUERY_CHARS} are searched"
+    return None
+
+
 def _number(value: Any) -> str:
     return f"{value:,}" if isinstance(value, int | float) else ("-" if value is None else str(value))
 
@@ -289,6 +352,101 @@ def _when(value: Any) -> str:
     if isinstance(value, datetime):
         return _aware(value).strftime("%Y-%m-%d %H:%M:%S UTC")
     return str(value or "")
+
+
+LISTED_IDENTIFIERS = 60
+"""Identifiers a quality report row names before "… and N more" (the summary lists them all)."""
+
+
+def _percent(value: Any) -> str:
+    return f"{100 * value:.0f}%" if isinstance(value, int | float) else "-"
+
+
+def _names(values: Any, limit: int = LISTED_IDENTIFIERS) -> str:
+    items = [str(v) for v in values] if isinstance(values, list) else []
+    more = len(items) - limit
+    return ", ".join(items[:limit]) + (f" … and {more:,} more" if more > 0 else "")
+
+
+def quality_rows(quality: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """A stored compaction quality report (`Compactor` writes it) as (what, value) rows a person
+    reads: the verdict first, then sections, identifiers, retention and compression; keys this
+    does not know are shown as they are, so nothing stored is hidden."""
+    q = dict(quality or {})
+    rows: list[tuple[str, str]] = []
+
+    def take(*keys: str) -> list[Any]:
+        return [q.pop(k, None) for k in keys]
+
+    reason, why, attempts, seconds = take("reason", "why", "attempts", "seconds")
+    retries, fallback = take("retries_used", "fallback")
+    if "passed" in q:
+        passed, problems = take("passed", "problems")
+        verdict = "passed" if passed else "did not pass"
+        rows.append(("result", verdict + (f": {'; '.join(map(str, problems))}" if problems else "")))
+    if reason is not None:
+        how = [f"{attempts} attempt{'s' if attempts != 1 else ''}"] if attempts else []
+        if retries:
+            how.append(f"{retries} retr{'ies' if retries != 1 else 'y'}")
+        if isinstance(seconds, int | float):
+            how.append(f"{seconds:,.1f} s")
+        rows.append(("reason", str(reason) + (f" ({', '.join(how)})" if how else "")))
+    if why is not None:
+        rows.append(("why", str(why)))
+    if fallback:
+        rows.append(("fallback", str(fallback)))
+    present, missing = take("sections_present", "sections_missing")
+    if present is not None or missing is not None:
+        have = len(present or [])
+        text = f"{have}/{have + len(missing or [])}"
+        rows.append(("sections", text + (f"; missing: {_names(missing)}" if missing else "")))
+    total, retention, in_summary, archived, lost, listed = take(
+        "identifiers_total", "identifier_retention", "identifiers_in_summary",
+        "identifiers_archived", "identifiers_missing", "identifiers",
+    )
+    if total is not None:
+        parts = [f"{_number(total)} in the compacted messages", f"retention {_percent(retention)}"]
+        if in_summary is not None:
+            parts.append(f"{_number(in_summary)} listed in the summary")
+        if archived:
+            parts.append(f"{_number(archived)} archived (history_search finds them)")
+        rows.append(("identifiers", "; ".join(parts)))
+    if lost:
+        rows.append((f"identifiers missing ({len(lost):,})", _names(lost)))
+    if listed:
+        rows.append((f"identifiers listed ({len(listed):,})", _names(listed)))
+    (model_kept,) = take("model_identifier_retention")
+    if model_kept is not None:
+        rows.append(("identifiers the model kept itself", _percent(model_kept)))
+    (ask,) = take("latest_ask_reflected")
+    if ask is not None:
+        rows.append(("latest ask", "reflected" if ask else "not reflected"))
+    (semantic,) = take("semantic_retention")
+    if semantic is not None:
+        rows.append(("semantic retention", _percent(semantic)))
+    ratio, saved, ideal = take("compression_ratio", "tokens_saved", "in_ideal_range")
+    if ratio is not None:
+        text = f"{ratio:.2f}" if isinstance(ratio, int | float) else str(ratio)
+        if saved is not None:
+            text += f", {_number(saved)} tokens saved"
+        if ideal is not None:
+            text += " (in the ideal range)" if ideal else " (outside the ideal range)"
+        rows.append(("compression", text))
+    (secrets,) = take("secrets_in_summary")
+    if secrets:
+        rows.append(("secrets in the summary", _number(secrets)))
+    for key in ("errors", "notes"):
+        values = q.pop(key, None)
+        if values:
+            rows.append((key, "; ".join(map(str, values)) if isinstance(values, list) else str(values)))
+    for key, value in q.items():
+        if value not in (None, [], {}, ""):
+            if isinstance(value, bool):
+                text = "yes" if value else "no"
+            else:
+                text = _names(value) if isinstance(value, list) else _number(value)
+            rows.append((key.replace("_", " "), text))
+    return rows
 
 
 class AdminUI:
@@ -308,6 +466,7 @@ class AdminUI:
         )
         self.env.filters["num"] = _number
         self.env.filters["when"] = _when
+        self.env.filters["quality_rows"] = quality_rows
         self.env.filters["q"] = lambda value: quote(str(value), safe="")
 
     # -- plumbing -----------------------------------------------------------------------------
@@ -481,24 +640,46 @@ class AdminUI:
         )
 
     async def memory(self, request: web.Request) -> web.Response:
-        query = request.query.get("q", "").strip()
-        corpus = CORPORA.get(request.query.get("corpus", ""), "notes")
+        """The memory browser: the workspace's files, and a search ranked the way the agent's
+        memory_search ranks ([memory] search_mode, or the mode picked), each hit with why it
+        ranks there (its BM25 rank, cosine, fused score) and the mode actually used."""
+        raw_query = request.query.get("q", "")
+        corpus_name = request.query.get("corpus") or "notes"
+        mode_name = request.query.get("mode") or self.gateway.config.memory.search_mode
+        problem = _memory_query_problem(raw_query, corpus_name, mode_name)
         workspace = self.gateway.config.workspace
         files = await asyncio.to_thread(list_workspace_files, workspace)
-        hits: list[dict[str, Any]] = []
-        if query:
-            index = self.gateway.memory_index
+        index = self.gateway.memory_index
+        page: dict[str, Any] = {
+            "files": files, "workspace": workspace, "query": raw_query.strip(),
+            "corpus": CORPORA.get(corpus_name, "notes"),
+            "mode": mode_name if mode_name in SEARCH_MODES else "bm25", "modes": SEARCH_MODES,
+            "hits": [], "used": None, "error": problem, "bm25_only": self._bm25_only(),
+        }
+        if problem is not None:
+            log_refusal(request, 400, f"admin memory search: {problem}")
+            return self.render("memory.html", request, status=400, **page)
+        corpus, mode = CORPORA[corpus_name], SEARCH_MODES[mode_name]
+        if page["query"]:
 
-            def search() -> list[Any]:
+            def search() -> list[Hit]:
                 index.refresh()
-                return index.search(query, limit=20, corpus=corpus)
+                return index.search(page["query"], limit=20, corpus=corpus, mode=mode)
 
-            hits = [
-                {**asdict(h), "location": h.location} for h in await asyncio.to_thread(search)
-            ]
-        return self.render(
-            "memory.html", request, files=files, hits=hits, query=query, corpus=corpus,
-            workspace=workspace,
+            hits = await asyncio.to_thread(search)
+            page["hits"] = [{**asdict(h), "location": h.location} for h in hits]
+            page["used"] = hits[0].mode_used if hits else None
+        return self.render("memory.html", request, **page)
+
+    def _bm25_only(self) -> str | None:
+        """Why memory search ranks by words alone right now, or None when it has the model."""
+        if self.gateway.memory_index.encoder is not None:
+            return None
+        if not self.gateway.config.memory.embeddings:
+            return "[memory] embeddings = false"
+        return (
+            "the embedding model is not loaded (yet: it loads in the background after the "
+            "gateway starts; if it cannot load, the gateway's log says why)"
         )
 
     async def memory_file(self, request: web.Request) -> web.Response:

@@ -1,5 +1,8 @@
 """The gateway's web server (aiohttp): the webchat page and API, and health.
 
+The webchat page is static (channels/static/: HTML, CSS, JS, nothing inline) and served under a
+Content-Security-Policy that allows only this origin's own scripts, styles and requests.
+
 aiohttp runs inside the gateway's own event loop, next to the channels and lanes, so one process
 serves everything: the webchat, `/healthz`, `/metrics`, platform webhooks and `/admin/`.
 """
@@ -19,13 +22,46 @@ from channels.webchat import WebchatChannel
 from gateway.app import Gateway
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.store.faults import StorageError
-from gateway.web.admin import add_admin_routes
+from gateway.web.admin import add_admin_routes, admin_status
 from gateway.web.guard import BadBody, HostPolicy, guard_middleware, loads_json, read_body
+from gateway.web.webchat_history import HISTORY_LIMIT, MAX_HISTORY_LIMIT, chat_history
 
 log = logging.getLogger(__name__)
 
 GATEWAY_KEY = web.AppKey("gateway", Gateway)
 WEBCHAT_KEY = web.AppKey("webchat", WebchatChannel)
+
+PAGE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
+"""Headers of the webchat page and its static files: no inline script or style runs, no
+other origin is contacted, no page may frame it."""
+STATIC_FILES = {
+    "webchat.css": "text/css",
+    "webchat.js": "text/javascript",
+    "markdown.js": "text/javascript",
+}
+"""The page's own files under /webchat/static/ (nothing else in the folder is served)."""
+
+
+def _check_id(value: Any, field_name: str | None) -> Any:
+    # Ids are stored and keyed as they are: one the store cannot hold (a NUL, an unpaired
+    # surrogate) is refused, never rewritten into the id of somebody else; a blank one is
+    # refused like an empty one. (Before pydantic's own checks, which reject a surrogate
+    # with a less helpful message.)
+    if isinstance(value, str):
+        if is_blank(value):
+            raise ValueError(f"{field_name} is blank (empty, spaces or zero-width characters only)")
+        problem = id_problem(value)
+        if problem is not None:
+            raise ValueError(f"{field_name} {problem}; ids must be plain text")
+    return value
 
 
 class WebchatRequest(BaseModel):
@@ -38,18 +74,29 @@ class WebchatRequest(BaseModel):
     @field_validator("user_id", "message_id", mode="before")
     @classmethod
     def _plain_id(cls, value: Any, info: ValidationInfo) -> Any:
-        # Ids are stored and keyed as they are: one the store cannot hold (a NUL, an unpaired
-        # surrogate) is refused, never rewritten into the id of somebody else; a blank one is
-        # refused like an empty one. (Before pydantic's own checks, which reject a surrogate
-        # with a less helpful message.)
-        if isinstance(value, str):
-            if is_blank(value):
-                raise ValueError(
-                    f"{info.field_name} is blank (empty, spaces or zero-width characters only)"
-                )
-            problem = id_problem(value)
-            if problem is not None:
-                raise ValueError(f"{info.field_name} {problem}; ids must be plain text")
+        return _check_id(value, info.field_name)
+
+
+class HistoryQuery(BaseModel):
+    """`GET /api/history?user_id=…[&after=SEQ][&limit=N]`: the page's own user id, as it posts
+    it; messages after seq `after` (what the page already shows); at most `limit`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    user_id: str = Field(min_length=1, max_length=256)
+    after: int = Field(default=0, ge=0, le=2**62)
+    limit: int = Field(default=HISTORY_LIMIT, ge=1, le=MAX_HISTORY_LIMIT)
+
+    @field_validator("user_id", mode="before")
+    @classmethod
+    def _plain_id(cls, value: Any, info: ValidationInfo) -> Any:
+        return _check_id(value, info.field_name)
+
+    @field_validator("after", "limit", mode="before")
+    @classmethod
+    def _digits(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, str) and not (value.isascii() and value.isdigit() and len(value) <= 19):
+            raise ValueError(f"{info.field_name} must be a whole number of at most 19 digits")
         return value
 
 
@@ -59,7 +106,45 @@ def _error(status: int, message: str, **extra: Any) -> web.Response:
 
 async def chat_page(_request: web.Request) -> web.Response:
     html = (resources.files("channels") / "static" / "webchat.html").read_text(encoding="utf-8")
-    return web.Response(text=html, content_type="text/html")
+    return web.Response(text=html, content_type="text/html", headers=PAGE_HEADERS)
+
+
+async def chat_static(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    content_type = STATIC_FILES.get(name)
+    if content_type is None:
+        raise web.HTTPNotFound()
+    body = (resources.files("channels") / "static" / name).read_text(encoding="utf-8")
+    return web.Response(
+        text=body, content_type=content_type,
+        headers={**PAGE_HEADERS, "Cache-Control": "no-cache"},
+    )
+
+
+async def get_history(request: web.Request) -> web.Response:
+    """The recent messages of the session this user's own messages go to (see
+    gateway/web/webchat_history.py), whether a turn of it is running, and the notices sent to
+    the user meanwhile."""
+    gateway = request.app[GATEWAY_KEY]
+    webchat = request.app[WEBCHAT_KEY]
+    repeated = sorted({k for k in request.query if len(request.query.getall(k)) > 1})
+    if repeated:
+        return _error(422, f"invalid request: {', '.join(repeated)} given more than once")
+    try:
+        query = HistoryQuery.model_validate(dict(request.query))
+    except ValidationError as exc:
+        problems = [f"{'.'.join(map(str, e['loc'])) or 'query'}: {e['msg']}" for e in exc.errors()]
+        return _error(422, "invalid request: " + "; ".join(problems), problems=problems)
+    try:
+        history = await chat_history(
+            gateway, webchat.name, query.user_id, after=query.after, limit=query.limit
+        )
+    except StorageError as exc:
+        log.error("webchat: the history could not be read: %s", exc)
+        return _error(503, f"the database is failing, the history could not be read: {exc}")
+    body = history.to_json()
+    body["notices"] = webchat.take_notices(query.user_id)
+    return web.json_response(body, headers={"Cache-Control": "no-store"})
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -136,6 +221,8 @@ def build_app(gateway: Gateway, webchat: WebchatChannel) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/api/messages", post_message)
+    app.router.add_get("/api/history", get_history)
+    app.router.add_get("/webchat/static/{name}", chat_static)
     add_admin_routes(app, gateway)
     return app
 
@@ -154,7 +241,11 @@ class WebServer:
         for address in self._runner.addresses:
             self.port = int(address[1])
             break
-        return f"http://{self.host}:{self.port}"
+        url = f"http://{self.host}:{self.port}"
+        gateway = self.app.get(GATEWAY_KEY)
+        if gateway is not None:
+            log.info("%s", admin_status(gateway.config.web, url))
+        return url
 
     async def stop(self) -> None:
         await asyncio.shield(self._runner.cleanup())

@@ -52,10 +52,8 @@ async def test_webchat_then_admin_login_session_and_compact_now(
             await page.goto(f"{url}/")
             await page.fill("#text", "Track ticket ORD-1042 for me " + FILLER[:400])
             await page.press("#text", "Enter")
-            await page.wait_for_function(
-                "[...document.querySelectorAll('.bot')].some(e => e.textContent.includes('ORD'))",
-                timeout=10_000,
-            )
+            # (A locator wait: the page's CSP refuses wait_for_function's eval.)
+            await page.locator(".bot", has_text="ORD").wait_for(timeout=10_000)
             assert "ORD-1042" in await page.inner_text(".bot")
             await page.screenshot(path=str(tmp_path / "webchat.png"))
             session_key = next(s.key for s in await rg.gateway.store.list_sessions())

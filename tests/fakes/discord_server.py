@@ -31,6 +31,16 @@ REST (paths are recorded relative to the API root, without ``/api/v10``):
   and gives up at once; pass ``via=False`` to get exactly that). Nothing is sent for a 429.
 - ``fake.listeners`` are called with every `RecordedCall` as it is answered (benchmarks use
   this to time replies); each call also carries ``at`` (``time.perf_counter()`` on arrival).
+- Application commands: ``PUT /applications/{app}/commands`` (a bulk overwrite, what
+  ``CommandTree.sync`` sends) stores and answers them (``app_commands`` holds the last set);
+  ``slash_command(name, options)`` dispatches an ``INTERACTION_CREATE`` for one (in a DM, or the
+  guild text channel with ``dm=False``); ``POST /interactions/{id}/{token}/callback`` (the
+  deferral), ``POST /webhooks/{app}/{token}`` (follow-ups) and ``PATCH
+  /webhooks/{app}/{token}/messages/{id}`` are answered without the bot token, as on Discord.
+
+Attachments: ``attachment(filename, data)`` returns an attachment payload (for ``attachments=``
+of a message helper) whose ``url`` is served by ``GET /attachments/<id>/<filename>`` on the fake
+(discord.py fetches it with ``get_from_cdn``); ``attachment_downloads`` lists the paths served.
 
 Every JSON answer carries ``Content-Type: application/json`` exactly (discord.py ignores bodies
 with a charset suffix). Anything else is a 404 with a Discord-shaped error body, and is recorded.
@@ -153,6 +163,8 @@ class FakeDiscord(LoopbackServer):
         self.bot_user = self.user(self.bot_id, bot_name, bot=True)
         self.dm_channels: dict[str, JSON] = {}
         """DM channel id -> channel payload (created by ``dm_message``)."""
+        self.app_commands: list[JSON] = []
+        """The application commands the bot registered last (``PUT .../commands``)."""
 
         self.calls: list[RecordedCall] = []
         self.sent_messages: list[JSON] = []
@@ -175,6 +187,9 @@ class FakeDiscord(LoopbackServer):
         }
         self._session_shards: dict[str, int] = {}
         self._sockets: set[web.WebSocketResponse] = set()
+        self.attachment_files: dict[str, tuple[bytes, str]] = {}
+        """URL path -> (bytes, content type) of each file `attachment` made."""
+        self.attachment_downloads: list[str] = []
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -183,6 +198,7 @@ class FakeDiscord(LoopbackServer):
         app.router.add_get("/gw", self._handle_gateway)
         app.router.add_get("/gw/", self._handle_gateway)
         app.router.add_route("*", API_PREFIX + "/{tail:.*}", self._handle_rest)
+        app.router.add_get("/attachments/{tail:.*}", self._handle_attachment)
         await self._listen(app, shutdown_timeout=1.0)
 
     async def stop(self) -> None:
@@ -428,6 +444,53 @@ class FakeDiscord(LoopbackServer):
     def dm_message(self, text: str, *, author: JSON | None = None, **kw: Any) -> JSON:
         """A direct message to the bot; the DM channel is created (and served) on first use."""
         author = author or self.alice
+        channel_id = self.dm_channel(author)["id"]
+        return self.dispatch(
+            "MESSAGE_CREATE",
+            self.message(text, channel_id=channel_id, author=author, guild=False, **kw),
+        )
+
+    def slash_command(
+        self,
+        name: str,
+        options: dict[str, str] | None = None,
+        *,
+        dm: bool = True,
+        author: JSON | None = None,
+    ) -> JSON:
+        """Someone runs the bot's application command ``/name`` (string ``options``), in a DM
+        with the bot or in the guild text channel: an ``INTERACTION_CREATE`` dispatch."""
+        author = author or self.alice
+        interaction_id = snowflake()
+        data: JSON = {"id": snowflake(), "name": name, "type": 1}
+        if options:
+            data["options"] = [{"name": k, "type": 3, "value": v} for k, v in options.items()]
+        payload: JSON = {
+            "id": interaction_id,
+            "application_id": self.app_id,
+            "type": 2,
+            "data": data,
+            "token": f"interaction-token-{interaction_id}",
+            "version": 1,
+            "locale": "en-US",
+            "app_permissions": "0",
+            "entitlements": [],
+            "authorizing_integration_owners": {},
+            "attachment_size_limit": 8_388_608,
+        }
+        if dm:
+            channel = self.dm_channel(author)
+            payload.update(channel_id=channel["id"], channel=channel, user=author, context=1)
+        else:
+            member = {**self.member(author), "permissions": "0"}
+            payload.update(
+                guild_id=self.guild_id, channel_id=self.text_channel_id,
+                channel=self.text_channel(), member=member, context=0,
+            )
+        return self.dispatch("INTERACTION_CREATE", payload)
+
+    def dm_channel(self, author: JSON) -> JSON:
+        """The DM channel between `author` and the bot (created, and served, on first use)."""
         channel_id = next(
             (
                 cid
@@ -444,10 +507,7 @@ class FakeDiscord(LoopbackServer):
                 "recipients": [author],
                 "last_message_id": None,
             }
-        return self.dispatch(
-            "MESSAGE_CREATE",
-            self.message(text, channel_id=channel_id, author=author, guild=False, **kw),
-        )
+        return self.dm_channels[channel_id]
 
     def guild_message(
         self,
@@ -499,6 +559,41 @@ class FakeDiscord(LoopbackServer):
     def own_message(self, text: str) -> JSON:
         """A message authored by the bot itself (a client must ignore it)."""
         return self.guild_message(text, author=self.bot_user)
+
+    def attachment(
+        self,
+        filename: str,
+        data: bytes,
+        *,
+        content_type: str | None = None,
+        size: int | None = None,
+    ) -> JSON:
+        """An attachment payload whose ``url`` this fake serves (``size``: what Discord reports,
+        by default the length of ``data``)."""
+        attachment_id = snowflake()
+        path = f"/attachments/{attachment_id}/{filename}"
+        self.attachment_files[path] = (data, content_type or "application/octet-stream")
+        url = f"http://{self.host}:{self.port}{path}"
+        payload: JSON = {
+            "id": attachment_id,
+            "filename": filename,
+            "size": len(data) if size is None else size,
+            "url": url,
+            "proxy_url": url,
+        }
+        if content_type is not None:
+            payload["content_type"] = content_type
+        return payload
+
+    async def _handle_attachment(self, request: web.Request) -> web.Response:
+        found = self.attachment_files.get(request.path)
+        async with self._cond:
+            self.attachment_downloads.append(request.path)
+            self._cond.notify_all()
+        if found is None:
+            return web.Response(status=404, text="Not Found")
+        data, content_type = found
+        return web.Response(body=data, content_type=content_type)
 
     # -- REST ---------------------------------------------------------------------------------
 
@@ -579,6 +674,8 @@ class FakeDiscord(LoopbackServer):
     def _answer(self, call: RecordedCall) -> web.Response:
         parts = call.path.strip("/").split("/")
         method = call.method
+        if parts[0] in ("interactions", "webhooks"):  # the interaction token authorizes these
+            return self._answer_interaction(call, parts)
         if call.headers.get("authorization") != f"Bot {self.token}":
             return _json({"message": "401: Unauthorized", "code": 0}, 401)
         if method == "GET" and parts == ["users", "@me"]:
@@ -597,6 +694,18 @@ class FakeDiscord(LoopbackServer):
                     "flags": 0,
                 }
             )
+        if method == "PUT" and parts == ["applications", self.app_id, "commands"]:
+            self.app_commands = [
+                {
+                    **command,
+                    "id": snowflake(),
+                    "application_id": self.app_id,
+                    "version": snowflake(),
+                    "type": command.get("type", 1),
+                }
+                for command in call.json or []
+            ]
+            return _json(self.app_commands)
         if method == "GET" and parts == ["gateway"]:
             return _json({"url": self.gateway_url.rstrip("/")})
         if method == "GET" and parts == ["gateway", "bot"]:
@@ -648,6 +757,36 @@ class FakeDiscord(LoopbackServer):
                 edited["edited_timestamp"] = _now_iso()
                 return _json(edited)
         return _json({"message": "404: Not Found", "code": 0}, 404)
+
+    def _answer_interaction(self, call: RecordedCall, parts: list[str]) -> web.Response:
+        body = call.json if isinstance(call.json, dict) else {}
+        if call.method == "POST" and parts[0] == "interactions" and parts[3:] == ["callback"]:
+            return _json(
+                {
+                    "interaction": {
+                        "id": parts[1],
+                        "type": 2,
+                        "response_message_loading": body.get("type") == 5,
+                        "response_message_ephemeral": False,
+                    }
+                }
+            )
+        if parts[0] == "webhooks" and len(parts) >= 3 and parts[1] == self.app_id:
+            if call.method == "POST" and len(parts) == 3:  # a follow-up message
+                sent = self.message(
+                    body.get("content") or "", channel_id=self.text_channel_id,
+                    author=self.bot_user, guild=False,
+                )
+                sent["webhook_id"] = self.app_id
+                self.messages[sent["id"]] = sent
+                return _json(sent)
+            if call.method == "PATCH" and parts[3:4] == ["messages"]:
+                edited = self.message(
+                    body.get("content") or "", channel_id=self.text_channel_id,
+                    author=self.bot_user, guild=False,
+                )
+                return _json(edited)
+        return _json({"message": "Unknown Webhook", "code": 10015}, 404)
 
     def _channel(self, channel_id: str) -> JSON | None:
         if channel_id == self.text_channel_id:

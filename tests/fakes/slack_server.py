@@ -27,6 +27,17 @@ Socket Mode: ``GET /link`` upgrades to a WebSocket, sends ``hello`` and then eve
 ``events_api`` envelope (``push_event`` / ``push_envelope``), and records the client's acks
 (``{"envelope_id": ...}``) in ``acks``.
 
+Files: ``add_file(name, data, mimetype)`` returns a ``files[]`` entry (put it in a
+``file_share`` message) whose ``url_private`` is served at ``GET /files-pri/<id>/<name>`` to a
+request with ``Authorization: Bearer xoxb-…`` (``file_token`` when set: exactly that token); any
+other request gets Slack's sign-in page (HTML, status 200), as Slack answers a token without the
+``files:read`` scope. ``file_downloads`` records each request (path, token).
+
+Slash commands: ``slash_command(text)`` builds an invocation's form body (HTTP mode: sign it
+and post it as ``application/x-www-form-urlencoded``) whose ``response_url`` is served here at
+``POST /respond/<trigger_id>``; each post to it is recorded as a call of method ``response_url``
+(its JSON body as params).
+
 HTTP mode helpers: ``signed_headers(secret, body)`` signs a request body with slack-sdk's
 ``SignatureVerifier``, and ``url_verification(challenge)`` builds the handshake body.
 """
@@ -42,7 +53,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlencode
 
 from aiohttp import WSMsgType, web
 from slack_sdk.signature import SignatureVerifier
@@ -372,6 +383,11 @@ class FakeSlack(LoopbackServer):
         self._sockets: set[web.WebSocketResponse] = set()
         self._cond = asyncio.Condition()
         self._ts = itertools.count(1)
+        self.files: dict[str, tuple[bytes, str]] = {}
+        """url path -> (bytes, mimetype) of each file `add_file` made."""
+        self.file_downloads: list[tuple[str, str | None]] = []
+        """(path, bearer token) of every file request."""
+        self.file_token: str | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -380,6 +396,8 @@ class FakeSlack(LoopbackServer):
         app.router.add_post("/api/{method}", self._handle_api)
         app.router.add_get("/link", self._handle_link)
         app.router.add_get("/link/", self._handle_link)
+        app.router.add_post("/respond/{trigger}", self._handle_response_url)
+        app.router.add_get("/files-pri/{tail:.*}", self._handle_file)
         await self._listen(app)
 
     async def stop(self) -> None:
@@ -410,6 +428,49 @@ class FakeSlack(LoopbackServer):
     def delete_message(self, channel: str, ts: str) -> None:
         """Someone deleted a posted message: ``chat.update`` of it answers ``message_not_found``."""
         self.messages.pop((channel, ts), None)
+
+    def add_file(
+        self, name: str, data: bytes, mimetype: str, *, size: int | None = None
+    ) -> JSON:
+        """A ``files[]`` entry for a ``file_share`` event, its ``url_private`` served here."""
+        file_id = f"F{len(self.files) + 1:07d}"
+        path = f"/files-pri/{self.team_id}-{file_id}/{name}"
+        self.files[path] = (data, mimetype)
+        return {
+            "id": file_id,
+            "name": name,
+            "title": name,
+            "mimetype": mimetype,
+            "filetype": name.rpartition(".")[2] or "binary",
+            "size": len(data) if size is None else size,
+            "url_private": f"http://{self.host}:{self.port}{path}",
+            "url_private_download": f"http://{self.host}:{self.port}{path}?download=1",
+        }
+
+    def slash_command(
+        self,
+        text: str,
+        *,
+        command: str = "/gatehouse",
+        user: str = "U0SLASH01",
+        channel: str = "D0SLASH01",
+        channel_name: str = "directmessage",
+    ) -> tuple[str, str]:
+        """An invocation of ``command text``: (its form-encoded body, its trigger_id)."""
+        trigger = f"{next(self._ts)}.{int(time.time())}.fake{len(self.calls)}"
+        form = {
+            "token": "verification-token", "team_id": self.team_id, "team_domain": "gatehouse",
+            "channel_id": channel, "channel_name": channel_name, "user_id": user,
+            "user_name": "slasher", "command": command, "text": text, "api_app_id": APP_ID,
+            "is_enterprise_install": "false", "trigger_id": trigger,
+            "response_url": f"http://{self.host}:{self.port}/respond/{trigger}",
+        }
+        return urlencode(form), trigger
+
+    async def _handle_response_url(self, request: web.Request) -> web.Response:
+        params: JSON = {"trigger_id": request.match_info["trigger"], **(await request.json())}
+        await self._record(ApiCall("response_url", params, None, dict(request.headers)))
+        return web.Response(text="ok")
 
     def push_envelope(self, envelope: JSON) -> str:
         """Queue an envelope for the (current or next) Socket Mode connection."""
@@ -542,6 +603,25 @@ class FakeSlack(LoopbackServer):
             self.messages[(channel, ts)] = message
             return {"ok": True, "channel": channel, "ts": ts, "message": message}
         return {"ok": True}
+
+    async def _handle_file(self, request: web.Request) -> web.Response:
+        auth = request.headers.get("Authorization", "")
+        token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else None
+        async with self._cond:
+            self.file_downloads.append((request.path, token))
+            self._cond.notify_all()
+        allowed = token == self.file_token if self.file_token else (token or "").startswith("xoxb-")
+        found = self.files.get(request.path)
+        if not allowed:  # what Slack answers without files:read: its sign-in page
+            return web.Response(
+                text="<!DOCTYPE html><html><head><title>Slack</title></head><body>Sign in"
+                "</body></html>",
+                content_type="text/html",
+            )
+        if found is None:
+            return web.Response(status=404, text="file_not_found")
+        data, mimetype = found
+        return web.Response(body=data, content_type=mimetype)
 
     async def _handle_link(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(autoping=True)

@@ -7,8 +7,13 @@
 
 Routes: ``POST|GET /bot<TOKEN>/<method>`` for getMe, getUpdates (a real long poll: it holds until
 an update is queued, ``timeout`` elapses or the server stops), sendMessage, editMessageText,
-sendChatAction, setWebhook, deleteWebhook, getWebhookInfo, close and logOut. A wrong token answers 401 and an
+sendChatAction, setMyCommands, setWebhook, deleteWebhook, getWebhookInfo, close and logOut. A wrong token answers 401 and an
 unknown method 404, both in the Bot API's ``{"ok": false, ...}`` shape.
+
+Files: ``add_file(data)`` stores bytes under a new ``file_id`` (put it in a message's ``photo``,
+``document`` or ``voice``); ``getFile`` answers its ``file_path`` and ``file_size`` (an unknown
+id: ``400 Bad Request: invalid file_id``; a file over 20 MB: ``400 Bad Request: file is too
+big``, as the cloud Bot API says), and ``GET /file/bot<TOKEN>/<file_path>`` serves the bytes.
 
 PTB sends ``application/x-www-form-urlencoded`` bodies whose values are JSON (strings are sent
 raw); each field is decoded back. ``sendMessage`` with a ``reply_parameters.message_id`` the
@@ -130,6 +135,10 @@ class FakeTelegram(LoopbackServer):
         self._known: set[tuple[int, int]] = set()
         self.bot_messages: dict[tuple[int, int], JSON] = {}
         """(chat id, message id) -> the bot's message as it is now (edits applied)."""
+        self.files: dict[str, tuple[str, bytes, int | None]] = {}
+        """file_id -> (file_path, bytes, the size getFile reports if not their length)."""
+        self.file_downloads: list[str] = []
+        """file_path of every file served."""
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -137,6 +146,7 @@ class FakeTelegram(LoopbackServer):
         self._stopping = asyncio.Event()
         app = web.Application()
         app.router.add_route("*", "/bot{token}/{method}", self._handle)
+        app.router.add_get("/file/bot{token}/{path:.+}", self._handle_file)
         await self._listen(app)
 
     async def stop(self) -> None:
@@ -225,6 +235,16 @@ class FakeTelegram(LoopbackServer):
             self.held_calls -= 1
         transport = request.transport
         return not self._stopping.is_set() and transport is not None and not transport.is_closing()
+
+    def add_file(
+        self, data: bytes, *, suffix: str = ".bin", reported_size: int | None = None
+    ) -> JSON:
+        """Store `data` as a Telegram file; returns its ``file_id``/``file_unique_id``/
+        ``file_size`` (the shape of a ``document``/``voice``/``PhotoSize`` minus their extras)."""
+        n = len(self.files) + 1
+        file_id = f"FILE{n:04d}-{'x' * 40}"  # long, like Telegram's
+        self.files[file_id] = (f"files/file_{n}{suffix}", data, reported_size)
+        return {"file_id": file_id, "file_unique_id": f"U{n:04d}", "file_size": len(data)}
 
     def forget_message(self, chat_id: int, message_id: int) -> None:
         """Make the message unknown (deleted): replies to it fail with "not found"."""
@@ -392,10 +412,12 @@ class FakeTelegram(LoopbackServer):
     def _methods(self) -> dict[str, Callable[[JSON], Awaitable[web.Response]]]:
         return {
             "getMe": self._get_me,
+            "getFile": self._get_file,
             "getUpdates": self._get_updates,
             "sendMessage": self._send_message,
             "editMessageText": self._edit_message_text,
             "sendChatAction": self._true,
+            "setMyCommands": self._true,
             "setWebhook": self._set_webhook,
             "deleteWebhook": self._delete_webhook,
             "getWebhookInfo": self._get_webhook_info,
@@ -485,6 +507,30 @@ class FakeTelegram(LoopbackServer):
             )
         message.update(text=text, parse_mode=parse_mode, edit_date=int(time.time()))
         return _ok({k: v for k, v in message.items() if k != "parse_mode"})
+
+    async def _get_file(self, params: JSON) -> web.Response:
+        found = self.files.get(str(params.get("file_id")))
+        if found is None:
+            return _error(400, "Bad Request: invalid file_id")
+        path, data, reported = found
+        size = reported if reported is not None else len(data)
+        if size > 20 * 1024 * 1024:
+            return _error(400, "Bad Request: file is too big")
+        file_id = str(params["file_id"])
+        return _ok({"file_id": file_id, "file_unique_id": file_id[:8], "file_size": size,
+                    "file_path": path})
+
+    async def _handle_file(self, request: web.Request) -> web.Response:
+        if request.match_info["token"] != self.token:
+            return _error(401, "Unauthorized")
+        path = request.match_info["path"]
+        for file_path, data, _reported in self.files.values():
+            if file_path == path:
+                async with self._cond:
+                    self.file_downloads.append(path)
+                    self._cond.notify_all()
+                return web.Response(body=data, content_type="application/octet-stream")
+        return _error(404, "Not Found")
 
     async def _set_webhook(self, params: JSON) -> web.Response:
         self.webhook = dict(params)

@@ -58,15 +58,21 @@ async def run_cli(*args: str, cwd: Path) -> tuple[int, str, str]:
 
 
 async def in_process(config: Path, *args: str) -> tuple[int, str, str]:
-    """The CLI in this process (a thread: the command runs its own event loop). The command
-    sets up logging for a process of its own; the test process's logging is put back after."""
+    """The CLI in this process (a thread: the command runs its own event loop), with
+    `--config config` before `args`."""
+    return await invoke("--config", str(config), *args)
+
+
+async def invoke(*args: str) -> tuple[int, str, str]:
+    """`gatehouse *args` in this process, as given. The command sets up logging for a process
+    of its own; the test process's logging is put back after."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     runner = CliRunner()
     try:
         result = await asyncio.to_thread(
-            runner.invoke, app, ["--config", str(config), *args],
-            env={"COLUMNS": "200", "TEST_LLM_KEY": "sk-test"},
+            runner.invoke, app, list(args),
+            env={"COLUMNS": "200", "TEST_LLM_KEY": "sk-test", "GATEHOUSE_CONFIG": ""},
         )
     finally:
         root.handlers[:] = handlers

@@ -151,6 +151,18 @@ def attack_list() -> list[Attack]:
     ]
     attacks += _read_only("GET / (chat page)", "/")
 
+    # -- the webchat history: read-only, its query is the whole input
+    ep, path = "GET /api/history", "/api/history"
+    attacks += [
+        *_read_only(ep, f"{path}?user_id=alice"),
+        Attack(ep, "NUL in user_id", "GET", f"{path}?user_id=ev%00il", expect=422),
+        Attack(ep, "user_id twice", "GET", f"{path}?user_id=alice&user_id=bob", expect=422),
+        Attack(ep, "5,000-digit after", "GET", f"{path}?user_id=a&after={'9' * 5_000}",
+               expect=422),
+        Attack(ep, "a session key instead of a user", "GET",
+               f"{path}?user_id=a&session_key=agent%3Amain%3Amain", expect=422),
+    ]
+
     # -- the admin UI, anonymous: a browser on any page would be let in without these checks
     key = quote(SESSION_KEY, safe="")
     for page in ("/admin/", f"/admin/session?key={key}", "/admin/memory?q=ORD",

@@ -22,7 +22,7 @@ from tests.security.attacks import (
 )
 
 ENDPOINTS = {
-    "POST /api/messages", "GET / (chat page)", "GET /admin/ pages", "POST /admin/login",
+    "POST /api/messages", "GET / (chat page)", "GET /api/history", "GET /admin/ pages", "POST /admin/login",
     "POST /admin/logout", "POST /admin/session/compact", "POST /admin/pairing/decide",
     "POST /slack/events", "POST /telegram/webhook", "GET /metrics", "GET /healthz",
 }

@@ -65,7 +65,7 @@ def test_the_command_tree_keeps_its_order() -> None:
     root = get_command(app)
     ctx = typer.Context(root)
     assert root.list_commands(ctx) == [  # type: ignore[attr-defined]
-        "init", "run", "chat", "doctor", "config-check",
+        "init", "run", "reload", "chat", "doctor", "config-check",
         "sessions", "context", "pairing", "memory", "db", "jobs", "outbox",
     ]
     groups = {
@@ -76,7 +76,7 @@ def test_the_command_tree_keeps_its_order() -> None:
         "sessions": ["list", "show", "compact", "export", "import", "uncompact", "search"],
         "context": ["compact", "explain"],
         "pairing": ["list", "approve", "deny"],
-        "memory": ["ls", "show", "search", "reindex"],
+        "memory": ["ls", "show", "search", "reindex", "stats", "reembed"],
         "db": ["upgrade", "current"],
         "jobs": ["list", "cancel"],
         "outbox": ["list", "retry", "drop"],

@@ -138,3 +138,33 @@ async def test_run_now_waits_for_its_own_turn_and_respects_the_lane() -> None:
     await lanes.close()
     with pytest.raises(LanesClosedError):
         await lanes.run_now("cron:1")
+
+
+async def test_a_turn_that_left_messages_waiting_runs_again() -> None:
+    """Queue mode `followup`: a turn answers one message and says more wait."""
+    waiting = {"a": 3}
+    turns: list[str] = []
+
+    async def turn(key: str) -> bool:
+        turns.append(key)
+        waiting[key] -= 1
+        return waiting[key] > 0
+
+    lanes = SessionLanes(turn)
+    lanes.notify("a")
+    await lanes.join()
+    assert turns == ["a", "a", "a"]
+
+
+async def test_run_now_leaves_what_is_left_to_the_lane() -> None:
+    turns: list[str] = []
+
+    async def turn(key: str) -> bool:
+        turns.append(key)
+        return len(turns) == 1
+
+    lanes = SessionLanes(turn)
+    await lanes.run_now("a")
+    assert turns == ["a"]
+    await lanes.join()
+    assert turns == ["a", "a"]

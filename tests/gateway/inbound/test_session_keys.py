@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from channels.base import InboundMessage, is_blank
 from gateway.config import SessionsSection
-from gateway.inbound.session_keys import SessionKeyer, encode_part
+from gateway.inbound.session_keys import SessionKeyer, SessionKeyError, encode_part, parse_key
 from gateway.inbound.text import inbound_problem
 
 DM = InboundMessage(
@@ -162,3 +162,49 @@ def test_a_key_part_is_its_id_percent_encoded_or_an_error(value: str) -> None:
     encoded = encode_part(value)
     assert ":" not in encoded and "+" not in encoded
     assert unquote(encoded, errors="strict") == (value or "\x00")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    msg=inbound(),
+    scope=st.sampled_from(["main", "per-peer", "per-channel-peer", "per-account-channel-peer"]),
+    per_user=st.booleans(),
+)
+def test_a_key_parses_back_into_its_conversation(
+    msg: InboundMessage, scope: str, per_user: bool
+) -> None:
+    """`parse_key` is `key_for` read backwards: what `context explain` previews a new session
+    by (platform, chat, thread, user), and which shape built it."""
+    settings_ = SessionsSection(dm_scope=scope, per_user_in_groups=per_user)  # type: ignore[arg-type]
+    key = gateway_key(SessionKeyer(settings_), msg)
+    if key is None:
+        return
+    parts = parse_key(key)
+    assert parts.agent == "main"
+    if msg.chat_type == "direct":
+        assert parts.scope == scope and parts.chat_type == "direct"
+        if scope != "main":
+            assert (parts.platform, parts.user_id) == (msg.platform, msg.sender_id)
+        assert parts.account == (msg.account if scope == "per-account-channel-peer" else None)
+        return
+    assert parts.scope == "group" and parts.platform == msg.platform
+    assert parts.chat_type == ("channel" if msg.chat_type == "channel" else "group")
+    assert (parts.chat_id, parts.thread_id) == (msg.chat_id, msg.thread_id)
+    assert parts.user_id == (msg.sender_id if per_user else None)
+
+
+def test_a_linked_person_and_strings_that_are_no_key() -> None:
+    links = {"alice": ["telegram:42", "slack:U7"]}
+    keyer = SessionKeyer(SessionsSection(dm_scope="per-peer", identity_links=links))
+    parts = parse_key(keyer.key_for(DM))
+    assert (parts.person, parts.platform) == ("alice", None)
+    assert keyer.linked_ids("alice") == [("telegram", "42"), ("slack", "U7")]
+    for bad in [
+        "", "agent", "agent:main", "session:main:main", "agent:main:slack:direct",
+        "agent:main:slack:group:C1:thread", "agent:main:slack:group:C1:user:U1:thread:2",
+        "agent:main:slack:group:C1:extra:x", "agent:main:telegram:direct:4 2",
+        "agent:main:telegram:direct:%zz", "agent:main:telegram:direct:", "agent::main",
+        "agent:main:telegram:direct:%ff",
+    ]:
+        with pytest.raises(SessionKeyError):
+            parse_key(bad)

@@ -1,0 +1,253 @@
+"""Messages that arrive mid-turn, in each queue mode, on each platform: the real adapter (PTB,
+slack-bolt in Socket Mode, discord.py) against its fake, and the web chat over HTTP, inside a
+real Gateway whose fake model holds its first request open (tests/helpers/midturn.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+
+from channels.base import OutboundMessage
+from channels.discord import DiscordChannel
+from channels.slack import SlackChannel
+from channels.telegram import TelegramChannel
+from channels.webchat import WebchatChannel
+from gateway.app import Gateway
+from gateway.config import Config
+from gateway.web.server import WebServer, build_app
+from tests.conftest import MakeConfig
+from tests.fakes import FakeOpenAI
+from tests.fakes.discord_server import FakeDiscord
+from tests.fakes.slack_server import FakeSlack, im_message
+from tests.fakes.telegram_server import FakeTelegram
+from tests.helpers.midturn import (
+    INTERRUPT_CUT,
+    SCENARIOS,
+    Chat,
+    steer_without_a_boundary,
+    until,
+)
+
+MODES = list(SCENARIOS)
+USER = 7
+
+
+async def _stored_one_more(gateway: Gateway, push: Callable[[], Any]) -> None:
+    """Push a message through the platform and wait until the gateway stored it."""
+    before = await gateway.store.message_count()
+    push()
+
+    async def stored() -> bool:
+        return await gateway.store.message_count() > before
+
+    await until(stored)
+
+
+class TelegramChat:
+    def __init__(self, gateway: Gateway, fake: FakeTelegram) -> None:
+        self.gateway, self.fake = gateway, fake
+
+    async def send(self, text: str) -> None:
+        await _stored_one_more(self.gateway, lambda: self.fake.private_message(USER, text))
+
+    async def replies(self, n: int) -> list[str]:
+        sent = await self.fake.wait_for_call(
+            "sendMessage", n, where=lambda p: p.get("chat_id") == USER
+        )
+        return [p["text"] for p in sent]
+
+
+class SlackChat:
+    def __init__(self, gateway: Gateway, fake: FakeSlack) -> None:
+        self.gateway, self.fake = gateway, fake
+
+    async def send(self, text: str) -> None:
+        await _stored_one_more(
+            self.gateway, lambda: self.fake.push_event(im_message(text, user="U42"))
+        )
+
+    async def replies(self, n: int) -> list[str]:
+        return [p["text"] for p in await self.fake.wait_for_call("chat.postMessage", n)]
+
+
+class DiscordChat:
+    def __init__(self, gateway: Gateway, fake: FakeDiscord) -> None:
+        self.gateway, self.fake = gateway, fake
+        self.dm: str | None = None
+
+    async def send(self, text: str) -> None:
+        def push() -> None:
+            self.dm = self.fake.dm_message(text)["channel_id"]
+
+        await _stored_one_more(self.gateway, push)
+
+    async def replies(self, n: int) -> list[str]:
+        calls = await self.fake.wait_for_call("POST", f"/channels/{self.dm}/messages", n=n)
+        return [c.json["content"] for c in calls if c.status == 200]
+
+
+class RecordingWebchat(WebchatChannel):
+    """The web chat channel, keeping each reply the gateway sent it, in order."""
+
+    def __init__(self) -> None:
+        super().__init__(reply_timeout=10)
+        self.sent: list[str] = []
+        self.changed = asyncio.Condition()
+
+    async def send(self, message: OutboundMessage) -> None:
+        async with self.changed:
+            self.sent.append(message.text)
+            self.changed.notify_all()
+        await super().send(message)
+
+
+class WebChat:
+    """POST /api/messages, each request waiting for its reply as the page does."""
+
+    def __init__(self, gateway: Gateway, channel: RecordingWebchat, url: str) -> None:
+        self.gateway, self.channel, self.url = gateway, channel, url
+        self.requests: dict[str, asyncio.Task[list[str]]] = {}
+
+    async def _post(self, text: str) -> list[str]:
+        async with aiohttp.ClientSession() as http:
+            body = {"user_id": "tester", "text": text}
+            async with http.post(f"{self.url}/api/messages", json=body) as r:
+                assert r.status == 200, await r.text()
+                replies: list[str] = (await r.json())["replies"]
+                return replies
+
+    async def send(self, text: str) -> None:
+        def push() -> None:
+            self.requests[text] = asyncio.create_task(self._post(text))
+
+        await _stored_one_more(self.gateway, push)
+
+    async def replies(self, n: int) -> list[str]:
+        async with asyncio.timeout(5), self.channel.changed:
+            await self.channel.changed.wait_for(lambda: len(self.channel.sent) >= n)
+        return list(self.channel.sent)
+
+    async def answers(self) -> dict[str, list[str]]:
+        """What each HTTP request got back."""
+        return {text: await task for text, task in self.requests.items()}
+
+
+Rig = tuple[Gateway, Chat]
+Platform = Callable[[str], Awaitable[Rig]]
+
+
+@pytest.fixture
+async def platform(
+    request: pytest.FixtureRequest, fake_llm: FakeOpenAI, make_config: MakeConfig
+) -> AsyncIterator[Platform]:
+    """Starts a gateway with one platform's adapter in a queue mode; stops it afterwards."""
+    stack: list[Callable[[], Awaitable[None]]] = []
+
+    async def start(config: Config, gateway: Gateway) -> Gateway:
+        await gateway.start()
+        stack.append(lambda: gateway.stop(grace=2))
+        return gateway
+
+    async def enter(fake: Any) -> Any:
+        await fake.__aenter__()
+        stack.append(lambda: fake.__aexit__(None, None, None))
+        return fake
+
+    def channel(mode: str, **settings: Any) -> dict[str, Any]:
+        return {"enabled": True, "dm_policy": "open", "queue_mode": mode, **settings}
+
+    async def telegram(mode: str) -> Rig:
+        tg = await enter(FakeTelegram())
+        config = make_config(
+            fake_llm,
+            channels={"telegram": channel(mode, token=tg.token, base_url=tg.base_url)},
+        )
+        gw = Gateway(config)
+        gw.add_channel(TelegramChannel(config.channels.telegram))
+        return await start(config, gw), TelegramChat(gw, tg)
+
+    async def slack(mode: str) -> Rig:
+        fake = await enter(FakeSlack())
+        config = make_config(
+            fake_llm,
+            channels={
+                "slack": channel(
+                    mode, bot_token="xoxb-test", app_token="xapp-test", base_url=fake.api_url
+                )
+            },
+        )
+        gw = Gateway(config)
+        gw.add_channel(SlackChannel(config.channels.slack))
+        return await start(config, gw), SlackChat(gw, fake)
+
+    async def discord(mode: str) -> Rig:
+        fake = await enter(FakeDiscord())
+        config = make_config(
+            fake_llm,
+            channels={
+                "discord": channel(
+                    mode, token=fake.token, api_base_url=fake.api_base_url,
+                    gateway_url=fake.gateway_url,
+                )
+            },
+        )
+        gw = Gateway(config)
+        gw.add_channel(
+            DiscordChannel(config.channels.discord, guild_ready_timeout=0.01, ready_timeout=10)
+        )
+        return await start(config, gw), DiscordChat(gw, fake)
+
+    async def webchat(mode: str) -> Rig:
+        # The web chat takes the [gateway] default (no [channels.webchat] queue_mode).
+        config = make_config(fake_llm, gateway={"queue_mode": mode})
+        gw = Gateway(config)
+        web = RecordingWebchat()
+        gw.add_channel(web)
+        await start(config, gw)
+        server = WebServer(build_app(gw, web), "127.0.0.1", 0)
+        url = await server.start()
+        stack.append(server.stop)
+        return gw, WebChat(gw, web, url)
+
+    platforms: dict[str, Platform] = {
+        "telegram": telegram, "slack": slack, "discord": discord, "webchat": webchat,
+    }
+    try:
+        yield platforms[request.param]
+    finally:
+        for stop in reversed(stack):
+            await stop()
+
+
+PLATFORMS = ["telegram", "slack", "discord", "webchat"]
+
+WEBCHAT_ANSWERS = {
+    "collect": {"one": ["first answer"], "two": ["echo: three"], "three": ["echo: three"]},
+    "followup": {"one": ["first answer"], "two": ["echo: two"], "three": ["echo: three"]},
+    "steer": {"one": ["both answered"], "two": ["both answered"]},
+    "interrupt": {"one": [INTERRUPT_CUT], "two": ["echo: two"]},
+}
+"""Which reply each web chat request got: every message is answered, by the turn that took it."""
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("platform", PLATFORMS, indirect=True)
+async def test_messages_arriving_mid_turn(
+    platform: Platform, mode: str, fake_llm: FakeOpenAI
+) -> None:
+    gateway, chat = await platform(mode)
+    await SCENARIOS[mode](gateway, chat, fake_llm)
+    if isinstance(chat, WebChat):
+        assert await chat.answers() == WEBCHAT_ANSWERS[mode]
+
+
+@pytest.mark.parametrize("platform", PLATFORMS, indirect=True)
+async def test_steer_falls_back_to_a_follow_up_without_a_boundary(
+    platform: Platform, fake_llm: FakeOpenAI
+) -> None:
+    gateway, chat = await platform("steer")
+    await steer_without_a_boundary(gateway, chat, fake_llm)
