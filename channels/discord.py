@@ -48,6 +48,9 @@ cannot be normalized is logged and skipped. The next good event is processed eit
 
 The ``message_content`` intent is privileged: enable it for the bot in the Developer Portal, or
 guild messages arrive without text.
+
+Chat commands are also application (slash) commands, registered at start and answered as the
+interaction's follow-up (`channels/discord_commands.py`).
 """
 
 from __future__ import annotations

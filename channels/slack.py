@@ -65,6 +65,10 @@ to Slack's own hosts (or the configured ``base_url``'s host).
 Malformed events (no channel, no user, a non-string ``text`` / ``ts`` / ``thread_ts``, a
 non-object ``user_profile``) are dropped with a warning instead of raising in the listener.
 
+Chat commands: ``[channels.slack] slash_command`` (default ``/gatehouse``) is registered with
+bolt (``app.command``); an invocation (``/gatehouse status``) is stored as the command typed,
+acked once stored, and answered through its ``response_url`` (`channels/slack_commands.py`).
+
 Outbound: models write Markdown; Slack renders its own ``mrkdwn``. The reply is chunked as
 Markdown (``chunk_text(text, SLACK_LIMIT)``, fences kept balanced), each chunk is parsed with
 markdown-it-py and rendered as mrkdwn by ``markdown_to_mrkdwn`` (``**b**`` -> ``*b*``, ``*i*`` ->
@@ -126,8 +130,8 @@ from channels.base import (
     send_parts,
 )
 from channels.formatting import SLACK_LIMIT, chunk_text, plain_line
-from channels.slack_commands import SlackSlashCommand
 from channels.settings import SlackSettings
+from channels.slack_commands import SlackSlashCommand
 from channels.webhooks import BadBody, loads_json, log_refusal, read_body
 
 log = logging.getLogger(__name__)
@@ -640,10 +644,14 @@ class SlackChannel:
         trigger = msg.platform_message_id or ""
         slash.expect(trigger, command.get("response_url"))
         try:
-            await handler(msg)
+            result = await handler(msg)
         except Exception:
             slash.forget(trigger)  # not stored: no ack, so Slack tells the user it failed
             raise
+        if not result.accepted and slash.forget(trigger):
+            # Refused without a reply of its own: say why, to the invoker only.
+            await ack(text=result.reason or "Not accepted.")
+            return
         await ack()
 
     async def _on_other_event(self) -> None:

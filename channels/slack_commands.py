@@ -65,7 +65,8 @@ class SlackSlashCommand:
         raw = body.get("text")
         word, _, rest = (raw if isinstance(raw, str) else "").strip().partition(" ")
         command = find_command(word) if word else None
-        text = f"/{command.name} {rest.strip()}".strip() if command else "/help"
+        rest = rest.strip() if command is not None and command.argument else ""
+        text = f"/{command.name} {rest}".strip() if command is not None else "/help"
         channel_id, channel_name = str(ids["channel_id"]), str(body.get("channel_name") or "")
         chat_type: ChatType = "channel"
         if channel_name == "directmessage" or channel_id.startswith("D"):
@@ -90,8 +91,9 @@ class SlackSlashCommand:
             while len(self._pending) > PENDING_LIMIT:
                 self._pending.popitem(last=False)
 
-    def forget(self, trigger_id: str) -> None:
-        self._pending.pop(trigger_id, None)
+    def forget(self, trigger_id: str) -> bool:
+        """Stop waiting for the invocation's reply; False when it was answered already."""
+        return self._pending.pop(trigger_id, None) is not None
 
     async def answer(
         self, message: OutboundMessage, chunks: Sequence[str], session: ClientSession | None

@@ -158,6 +158,9 @@ PRUNE_CACHE_SIZE = 4_096
 SYSTEM_COUNTS_KEPT = 64
 TRIMMED_RESULT_TOKENS = 1_000
 """About what a soft-trimmed result costs (1,500 + 1,500 chars): below this room, clear."""
+DROP_BLOCK_SHARE = 0.10
+"""`small_overflow = "drop-blocks"`: turns are dropped in blocks of this share of the usable
+tokens, twice the 5 % the small-overflow tier spans, so one block lasts until compaction."""
 
 
 def _history_start(history: Sequence[Message], limit: int) -> int:
@@ -310,7 +313,12 @@ class DefaultContextEngine(BuiltinEngine):
         # 4. Overflow tiers. The compaction tiers were cut to fit above (the runner compacts
         #    and assembles again); a small overflow drops the least important turns.
         dropped_desc: list[str] = dropped_desc_fast
-        if tier is Tier.DROP_OLDEST or (tier is not Tier.FITS and not dropped_desc_fast):
+        if tier is Tier.DROP_OLDEST and settings.small_overflow == "drop-blocks":
+            kept, dropped_desc = self._drop_block(
+                kept, budget.usable, fixed + incoming_tokens, ratio
+            )
+            history_tokens = sum(m.tokens or 0 for m in kept)
+        elif tier is Tier.DROP_OLDEST or (tier is not Tier.FITS and not dropped_desc_fast):
             kept, dropped_desc = self._drop_to_fit(
                 kept, budget.usable, fixed + incoming_tokens, ratio, tier
             )
@@ -337,7 +345,10 @@ class DefaultContextEngine(BuiltinEngine):
             settings, budget, turn, start, sent, tier, pruned, tuple(dropped_desc)
         )
         body = drop_orphaned_tool_messages([*head, *kept, *incoming])
-        return ContextPlan([system, *body], tuple(notes), facts, tier, None, tuple(counted))
+        return ContextPlan(
+            [system, *body], tuple(notes), facts, tier, None, tuple(counted),
+            compact_early=settings.small_overflow == "compact",
+        )
 
     def _pruned(self, m: Message, mode: str, counter: TokenCounter) -> Message:
         """A tool result soft-trimmed or cleared, memoized: old results are pruned the same way
@@ -388,6 +399,27 @@ class DefaultContextEngine(BuiltinEngine):
         ]
         out = [m for i, t in enumerate(turns) if i not in drop for m in t.messages]
         return out, described
+
+    def _drop_block(
+        self, kept: list[Message], usable: int, fixed: int, ratio: float
+    ) -> tuple[list[Message], list[str]]:
+        """Drop the oldest whole turns, a block at a time (`small_overflow = "drop-blocks"`).
+
+        What must be freed is rounded up to a whole number of blocks (a tenth of the usable
+        tokens), and the oldest turns go until that much is freed: from one turn to the next
+        the same turns go, so the prompt keeps its prefix until the overflow outgrows the block
+        (providers cache a prompt's unchanged prefix). Never the newest turn.
+        """
+        turns = split_turns(kept)
+        need = round((fixed + sum(m.tokens or 0 for m in kept)) * ratio) - usable
+        block = max(1, int(usable * DROP_BLOCK_SHARE / ratio))
+        to_free = -(-(int(need / ratio) + 1) // block) * block
+        freed = dropped = 0
+        while dropped < len(turns) - 1 and freed < to_free:
+            freed += sum(m.tokens or 0 for m in turns[dropped].messages)
+            dropped += 1
+        described = [f"seq {t.first_seq}-{t.last_seq}" for t in turns[:dropped]]
+        return [m for t in turns[dropped:] for m in t.messages], described
 
     def _system_message(self, text: str, counter: TokenCounter) -> Message:
         """The system prompt, counted once per distinct text (it is hundreds of tokens)."""

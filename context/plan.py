@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from context.budget import BudgetSettings, Tier
 from context.compaction import CompactionSettings
@@ -14,6 +14,16 @@ from context.history import SYSTEM_SOURCE, LimitResolution
 from context.tokens import TokenCounter, estimate_counter
 from context.types import Message
 from context.window import WindowResolution
+
+
+SmallOverflow = Literal["compact", "drop-blocks", "drop-turns"]
+"""What a prompt at most 5 % over the usable tokens leads to. Providers cache a prompt's
+unchanged prefix, and dropping a turn shifts everything after it, so: "compact" (the default)
+compacts at once — the break compaction would cause a few turns later anyway, and the only one
+of the cycle; "drop-blocks" drops the oldest turns in blocks of a tenth of the usable tokens,
+the same turns every turn until the overflow outgrows the block; "drop-turns" drops the least
+important turns, as few as fit, anew each turn (every turn a new prefix). Whatever the
+setting, while compaction cannot run (cool-down) the least important turns are dropped."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +45,8 @@ class ContextSettings:
     """The share of the window one tool result may use (`[context] tool_result_share`)."""
     compaction: CompactionSettings | None = None
     """Compaction knobs; its `window` is replaced by the resolved window."""
+    small_overflow: SmallOverflow = "compact"
+    """What the <= 5 % tier does (`[context] small_overflow`): see `SmallOverflow`."""
 
 
 def default_settings(window_tokens: int = 200_000) -> ContextSettings:
@@ -62,7 +74,7 @@ class TurnContext:
     refresh: str | None = None
     """The post-compaction refresh block (AGENTS.md sections), sent right after the summary."""
     compaction_refresh: str | None = None
-    """The refresh block the first call after a new compaction will carry: `compact` sizes the
+    """The refresh block the calls after a new compaction will carry: `compact` sizes the
     summary so that the prompt with it fits, and returns that prompt."""
 
 
@@ -172,10 +184,15 @@ class ContextPlan:
     """Set when no prompt can be built (e.g. the new message alone exceeds the window)."""
     counted: tuple[Message, ...] = ()
     """Stored messages whose token counts were computed this turn (for the runner to cache)."""
+    compact_early: bool = False
+    """The small overflow (`Tier.DROP_OLDEST`) compacts too (`small_overflow = "compact"`):
+    `messages` is then what is sent only if compaction cannot run."""
 
     @property
     def wants_compaction(self) -> bool:
-        return self.tier in (Tier.COMPACT, Tier.COMPACT_THEN_DROP)
+        return self.tier in (Tier.COMPACT, Tier.COMPACT_THEN_DROP) or (
+            self.compact_early and self.tier is Tier.DROP_OLDEST
+        )
 
     @property
     def wants_flush(self) -> bool:

@@ -230,6 +230,14 @@ class LLMSection(_Strict):
         default=False,
         description="the model reads images: photos people send reach it as image parts",
     )
+    prompt_cache_key: bool = Field(
+        default=True,
+        description=(
+            "send each session's stable prompt_cache_key (a hash of agent and session key) so "
+            "the provider routes its calls to the same prompt cache; stops by itself if the "
+            "endpoint rejects the parameter"
+        ),
+    )
     _managed_by: str | None = PrivateAttr(default=None)
 
     @property
@@ -344,6 +352,14 @@ class ContextSection(_Strict):
         default=0.10, gt=0, le=1, description="the most a compaction summary may take"
     )
     keep_recent_tool_results: int = Field(default=3, ge=0)
+    small_overflow: Literal["compact", "drop-blocks", "drop-turns"] = Field(
+        default="compact",
+        description=(
+            "a prompt at most 5 % over the usable tokens: compact at once (one prompt-cache "
+            "break per compaction cycle), drop the oldest turns a block at a time, or drop the "
+            "least important turns anew each turn"
+        ),
+    )
     # Compaction
     recent_turns: int = Field(default=3, ge=0, le=12, description="user turns kept verbatim")
     compaction_parts: int = Field(default=2, ge=1, le=8)
@@ -616,6 +632,7 @@ def _drop_unset_features(
             channels_off.setdefault(
                 channel, f"{key}: ${{{name}}} is not set: the {channel} channel is off"
             )
+            path = path[:3]  # the channel's key, a list or a table under it included
         else:
             required.append(f"  {key}: environment variable ${{{name}}} is not set")
             continue

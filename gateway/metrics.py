@@ -45,6 +45,12 @@ class GatewayMetrics:
             "Tokens the model endpoint reported: direction=in (prompt) or out (completion).",
             ["direction"], registry=r,
         )
+        self.cached_tokens = Counter(
+            "gatehouse_llm_cached_prompt_tokens",
+            "Of the prompt tokens (direction=in), those the model endpoint read from its prompt "
+            "cache, where it reports them (OpenAI, vLLM, llama.cpp's server).",
+            registry=r,
+        )
         self.compactions = Counter(
             "gatehouse_compactions",
             "Committed compactions, by reason (overflow, provider-overflow, command, manual) and "
@@ -100,6 +106,8 @@ class GatewayMetrics:
             self._tokens_in.inc(stats.prompt_tokens)
         if stats.completion_tokens:
             self._tokens_out.inc(stats.completion_tokens)
+        if stats.cached_tokens:
+            self.cached_tokens.inc(stats.cached_tokens)
 
     def observe_compaction(self, reason: str, result: CompactionResult | None) -> None:
         if result is None or not result.committed:

@@ -82,7 +82,9 @@ def log_level_value(value: str | None) -> str | None:
     if value is None:
         return None
     if value.upper() not in LOG_LEVELS:
-        raise typer.BadParameter(f"{value!r} is not one of {', '.join(LOG_LEVELS)}")
+        raise typer.BadParameter(
+            f"{value!r} is not one of {', '.join(LOG_LEVELS)}", param_hint="'--log-level'"
+        )
     return value.upper()
 
 

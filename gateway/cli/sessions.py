@@ -96,6 +96,8 @@ def _print_session(data: SessionDetail) -> None:
         f"[bold]{escape(data.key)}[/bold] ({data.platform}, {data.chat_type}); "
         f"automatic compaction: {escape(data.automatic_compaction)}"
     )
+    if data.prompt_cache is not None:
+        console.print(f"read from the provider's prompt cache: {data.prompt_cache.describe()}")
     if data.compactions:
         history = Table("id", "covers seq", "tokens before → after", "quality", "when", "state",
                         title="Compactions")

@@ -284,6 +284,30 @@ def _save(workspace: Path, relative: str, data: bytes) -> None:
             tmp.unlink()
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _storable(attachment: Mapping[str, Any]) -> dict[str, Any]:
+    """An adapter's attachment dict as the store can keep it: plain values only, text without
+    NULs or unpaired surrogates (JSON in PostgreSQL takes neither)."""
+    out: dict[str, Any] = {}
+    for key, value in attachment.items():
+        if isinstance(value, str):
+            value = _SURROGATE.sub("\ufffd", value).replace("\x00", "")
+        elif not (value is None or isinstance(value, int)):
+            continue
+        if isinstance(key, str):
+            out[key] = value
+    return out
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content
+                         if isinstance(p, dict) and p.get("type") == "text")
+    return content if isinstance(content, str) else ""
+
+
 def _pending_part(content: Any) -> dict[str, Any] | None:
     if isinstance(content, list):
         for part in content:
@@ -347,7 +371,8 @@ class AttachmentIntake:
     ) -> tuple[str | None, Any]:
         """(status, content) to store a message with attachments under: kept as context with a
         line per file (nothing downloaded), or fetching with what `fetch` needs."""
-        infos = [describe(a) for a in msg.attachments]
+        attachments = [_storable(a) for a in msg.attachments]
+        infos = [describe(a) for a in attachments]
         if as_context:
             lines = [
                 f"[attachment: {_label(i.name, _kind(i, None))}: not downloaded (the message "
@@ -361,7 +386,7 @@ class AttachmentIntake:
             "text": msg.text,
             "alone": alone,
             "received": msg.timestamp,
-            "attachments": [dict(a) for a in msg.attachments],
+            "attachments": attachments,
         }
         return FETCHING_STATUS, [{"type": "text", "text": _joined(msg.text, lines)}, pending]
 
@@ -378,10 +403,13 @@ class AttachmentIntake:
     def _waiting(
         self, row: MessageRow, session_key: str, thread_id: str | None, account: str
     ) -> _Waiting | None:
-        pending = _pending_part(row.content)
-        if pending is None or row.id is None or not row.platform or not row.chat_id:
-            log.error("attachments: message %s has nothing to fetch; left as it is", row.id)
+        if row.id is None or not row.platform or not row.chat_id:
+            log.error("attachments: message %s names no chat; left as it is", row.id)
             return None
+        pending = _pending_part(row.content)
+        if pending is None:  # nothing to fetch after all: completed with its text, answered
+            log.error("attachments: message %s lists no attachments", row.id)
+            pending = {"text": _text_of(row.content)}
         attachments = pending.get("attachments")
         received = pending.get("received")
         return _Waiting(
@@ -493,6 +521,8 @@ class AttachmentIntake:
         filetype = sniff(data)
         kind = _kind(info, filetype)
         key = info.file_id or f"{w.platform_message_id or 'message'}-{index}"
+        if info.file_id is None and w.chat_id != w.sender_id:  # message ids are per chat
+            key = f"{w.chat_id}.{key}"
         fallback = kind.replace(" ", "-")
         name = inbox_name(w.platform, w.sender_id, key, info.name, filetype, fallback)
         day = datetime.fromtimestamp(w.received, ZoneInfo(self.config.gateway.timezone))

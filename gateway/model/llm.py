@@ -8,11 +8,12 @@ and one user-facing sentence for each way a call can fail.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,18 @@ class ContextOverflowError(LLMError):
 class Usage:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    """Of `prompt_tokens`, what the provider read from its prompt cache (None: not reported)."""
+
+
+CACHE_KEY_PARAMETER = "prompt_cache_key"
+
+
+def prompt_cache_key(agent: str, session_key: str) -> str:
+    """A session's stable `prompt_cache_key`: a hash, so no user or chat id leaves the gateway
+    in it, and each session (of each agent) gets its own."""
+    digest = hashlib.sha256(f"{agent}\n{session_key}".encode()).hexdigest()
+    return f"gatehouse-{digest[:32]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +94,9 @@ class LLMProvider:
         self.model = settings.model
         self._client: openai.AsyncOpenAI | None = None
         self._body = RequestEncoder()
+        self.sends_cache_key = settings.prompt_cache_key
+        """Whether `complete` sends a `prompt_cache_key` given one: off by `[llm]
+        prompt_cache_key = false`, or once the endpoint rejected the parameter."""
         if settings.configured:
             # The SDK's aiohttp transport (openai[aiohttp]): same API, about a quarter less CPU
             # per call than its default transport, and aiohttp is already in the process.
@@ -132,15 +148,20 @@ class LLMProvider:
         stream: bool | None = None,
         model: str | None = None,
         on_text: Callable[[str], None] | None = None,
+        cache_key: str | None = None,
     ) -> Completion:
         """One model call. ``on_text`` gets the reply so far (the accumulated text, not the
         delta) as it streams; passing it streams the call even when ``[llm] stream`` is off, since
-        a preview is what asked for it. It must not block: it runs between two chunks."""
+        a preview is what asked for it. It must not block: it runs between two chunks.
+        ``cache_key`` (`prompt_cache_key`) is sent as the request's ``prompt_cache_key`` unless
+        that is turned off or the endpoint refused it (then the call is made again without it)."""
         if self._client is None:
             raise LLMError(NOT_CONFIGURED, kind="not_configured")
         stream = self.settings.stream if stream is None else stream
         stream = stream or on_text is not None
         kwargs: dict[str, Any] = {"model": model or self.model}
+        if cache_key is not None and self.sends_cache_key:
+            kwargs[CACHE_KEY_PARAMETER] = cache_key
         if self.settings.temperature is not None:
             kwargs["temperature"] = self.settings.temperature
         if self.settings.max_tokens is not None:
@@ -171,6 +192,15 @@ class LLMProvider:
                     kind="timeout",
                 ) from exc
             except openai.APIStatusError as exc:
+                if CACHE_KEY_PARAMETER in kwargs and _rejects_cache_key(exc):
+                    self.sends_cache_key = False
+                    log.warning(
+                        "the model endpoint %s rejects %s (%s); not sending it any more",
+                        self.settings.base_url, CACHE_KEY_PARAMETER, exc.status_code,
+                    )
+                    return await self.complete(
+                        messages, tools, stream=stream, model=model, on_text=on_text
+                    )
                 raise _refusal(exc) from exc
             except openai.APIConnectionError as exc:
                 raise _unreachable(exc, self.settings.managed_by) from exc
@@ -222,7 +252,16 @@ class LLMProvider:
                 except (TimeoutError, openai.APITimeoutError) as exc:
                     raise _StreamStalledError() from exc
                 if chunk.usage is not None:
-                    usage = Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
+                    details = chunk.usage.prompt_tokens_details
+                    cached = details.cached_tokens if details is not None else None
+                    usage = Usage(
+                        chunk.usage.prompt_tokens, chunk.usage.completion_tokens,
+                        cached if cached is not None else cached_tokens(
+                            chunk.usage.model_extra or {}, chunk.model_extra or {}
+                        ),
+                    )
+                elif usage.cached_tokens is None and chunk.model_extra:
+                    usage = replace(usage, cached_tokens=cached_tokens({}, chunk.model_extra))
                 for choice in chunk.choices or ():
                     delta = choice.delta
                     if delta.content:
@@ -410,9 +449,34 @@ def _completion(body: object) -> Completion:
         usage=Usage(
             prompt if isinstance(prompt, int) else None,
             completion if isinstance(completion, int) else None,
+            cached_tokens(usage, body if isinstance(body, dict) else {}),
         ),
         finish_reason=finish if isinstance(finish, str) else None,
     )
+
+
+def cached_tokens(usage: Mapping[str, Any], body: Mapping[str, Any]) -> int | None:
+    """The prompt tokens read from the provider's cache, where it reports them: OpenAI and
+    vLLM (`usage.prompt_tokens_details.cached_tokens`), DeepSeek
+    (`usage.prompt_cache_hit_tokens`), llama.cpp's server (`timings.cache_n`, or
+    `tokens_cached`). None when it says nothing (llama-cpp-python, the bundled model's server,
+    reports no cache figures)."""
+    details = usage.get("prompt_tokens_details")
+    timings = body.get("timings")
+    for value in (
+        details.get("cached_tokens") if isinstance(details, dict) else None,
+        usage.get("prompt_cache_hit_tokens"),
+        timings.get("cache_n") if isinstance(timings, dict) else None,
+        body.get("tokens_cached"),
+    ):
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
+
+
+def _rejects_cache_key(exc: openai.APIStatusError) -> bool:
+    """A 400 (or 422) that names `prompt_cache_key`: the endpoint does not take it."""
+    return exc.status_code in (400, 422) and CACHE_KEY_PARAMETER in f"{exc} {exc.body}"
 
 
 def _is_context_overflow(exc: openai.BadRequestError) -> bool:

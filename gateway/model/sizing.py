@@ -165,5 +165,6 @@ class ContextResolver:
             calibration_ratio=self.calibration(session_key, stored_ratio, stored_samples).ratio,
             tools_tokens=tools_tokens,
             keep_recent_tool_results=self.config.context.keep_recent_tool_results,
+            small_overflow=self.config.context.small_overflow,
         )
 

@@ -11,6 +11,7 @@ from gateway.app import Gateway
 from gateway.config import Config
 from gateway.inbound.session_keys import KeyParts, parse_key
 from gateway.operations.common import opened
+from gateway.operations.sessions import PromptCache
 from gateway.store.models import SessionRow
 from gateway.turn.history import SessionView
 from gateway.turn.runner import compaction_blocked_reason
@@ -67,6 +68,9 @@ class Explanation:
     last_compaction: LastCompaction | None
     preview: bool = False
     """No session has this key yet: what would apply to its first message (`preview`)."""
+    prompt_cache: PromptCache | None = None
+    """The share of the session's prompt tokens read from the provider's prompt cache (for
+    `/status`); None in a preview."""
 
     def to_json(self) -> dict[str, Any]:
         """The plan's facts, then the session's: one flat object."""
@@ -90,6 +94,7 @@ class Explanation:
             "last_compaction": (
                 None if self.last_compaction is None else self.last_compaction.to_json()
             ),
+            "prompt_cache": None if self.prompt_cache is None else self.prompt_cache.to_json(),
         }
 
 
@@ -151,6 +156,7 @@ async def explain(
             latest.id, latest.first_seq, latest.last_seq, latest.tokens_before,
             latest.tokens_after, latest.quality,
         ),
+        prompt_cache=PromptCache.of(session),
     )
 
 

@@ -54,6 +54,42 @@ def pressure_tokens(session: SessionRow, record: TurnRecordRow | None) -> int | 
 
 
 @dataclass(frozen=True, slots=True)
+class PromptCache:
+    """Of a session's prompt tokens (the provider's counts, turn by turn), those the provider
+    read from its prompt cache: billed at a fraction of the price, and answered faster."""
+
+    prompt_tokens: int
+    cached_tokens: int | None
+    """None: the endpoint never reported cached tokens for this session."""
+
+    @classmethod
+    def of(cls, session: SessionRow) -> PromptCache:
+        return cls(session.tokens_in, session.tokens_cached)
+
+    @property
+    def share(self) -> float | None:
+        """cached / prompt tokens; None when unknown."""
+        if self.cached_tokens is None or self.prompt_tokens <= 0:
+            return None
+        return min(1.0, self.cached_tokens / self.prompt_tokens)
+
+    def describe(self) -> str:
+        """E.g. `92% of 1,234,567 prompt tokens` or `not reported by the endpoint`."""
+        share = self.share
+        if share is None:
+            return "not reported by the endpoint" if self.cached_tokens is None else "none yet"
+        return f"{share:.0%} of {self.prompt_tokens:,} prompt tokens"
+
+    def to_json(self) -> dict[str, Any]:
+        share = self.share
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "cached_share": None if share is None else round(share, 4),
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class SessionOverview:
     """One row of the sessions list."""
 
@@ -75,6 +111,8 @@ class SessionOverview:
     compaction_cycle: int
     updated_at: str
     """ISO 8601, to the second."""
+    prompt_cache: PromptCache | None = None
+    """The share of the session's prompt tokens read from the provider's prompt cache."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -94,6 +132,7 @@ class SessionOverview:
             "history_limit_source": self.history_limit_source,
             "compaction_cycle": self.compaction_cycle,
             "updated_at": self.updated_at,
+            "prompt_cache": None if self.prompt_cache is None else self.prompt_cache.to_json(),
         }
 
 
@@ -137,6 +176,7 @@ async def session_overview(gateway: Gateway) -> list[SessionOverview]:
             history_limit_source=limit.source,
             compaction_cycle=row.compaction_cycle,
             updated_at=row.updated_at.isoformat(timespec="seconds"),
+            prompt_cache=PromptCache.of(row),
         ))
     return out
 
@@ -232,6 +272,8 @@ class SessionDetail:
     """The latest summary (sent instead of the messages it covers); None with every message."""
     compactions: tuple[CompactionEntry, ...]
     messages: tuple[ShownMessage, ...]
+    prompt_cache: PromptCache | None = None
+    """The share of the session's prompt tokens read from the provider's prompt cache."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -241,6 +283,7 @@ class SessionDetail:
             "turns": self.turns,
             "compaction_cycle": self.compaction_cycle,
             "automatic_compaction": self.automatic_compaction,
+            "prompt_cache": None if self.prompt_cache is None else self.prompt_cache.to_json(),
             "summary": self.summary,
             "compactions": [c.to_json() for c in self.compactions],
             "messages": [m.to_json() for m in self.messages],
@@ -281,6 +324,7 @@ async def session_detail(
         messages=tuple(
             ShownMessage(m, any(a <= (m.seq or 0) <= b for a, b in covered)) for m in messages
         ),
+        prompt_cache=PromptCache.of(row),
     )
 
 
@@ -296,6 +340,8 @@ class TurnTokens:
     prompt_tokens: int | None
     local_prompt_tokens: int | None
     error: str | None
+    cached_tokens: int | None = None
+    """Of `prompt_tokens`, what the provider read from its prompt cache (None: not reported)."""
 
     @property
     def tokens(self) -> int | None:
@@ -350,7 +396,10 @@ async def token_history(gateway: Gateway, key: str) -> TokenHistory | None:
         compact_at=last.compact_at if last and last.compact_at else budget.compact_at,
         flush_at=last.flush_at if last and last.flush_at else budget.flush_at,
         turns=tuple(
-            TurnTokens(r.created_at, r.reply_seq, r.prompt_tokens, r.local_prompt_tokens, r.error)
+            TurnTokens(
+                r.created_at, r.reply_seq, r.prompt_tokens, r.local_prompt_tokens, r.error,
+                r.cached_tokens,
+            )
             for r in records
         ),
         compactions=tuple(

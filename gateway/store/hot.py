@@ -202,6 +202,8 @@ FINISH_TURN = (
     "token_ratio_samples = COALESCE(:samples, token_ratio_samples), "
     "last_prompt_tokens = COALESCE(:prompt, last_prompt_tokens), "
     "tokens_in = tokens_in + COALESCE(:prompt, 0), "
+    # None + n is None: a session starts counting cached tokens at its first report.
+    "tokens_cached = COALESCE(tokens_cached + :cached, tokens_cached, :cached), "
     "tokens_out = tokens_out + COALESCE(:completion, 0) WHERE id = :id RETURNING next_seq"
 )
 LATEST_COMPACTION = _select(
@@ -340,6 +342,7 @@ class HotPath:
         error: str | None,
         token_ratio: float | None,
         token_ratio_samples: int | None = None,
+        cached_tokens: int | None = None,
     ) -> int:
         """The reply's seq (allocated atomically) and the turn's usage counters and outcome, in
         one statement on the session row; unknown usage leaves the counters alone."""
@@ -351,6 +354,7 @@ class HotPath:
             "samples": token_ratio_samples,
             "prompt": prompt_tokens,
             "completion": completion_tokens,
+            "cached": cached_tokens,
         }
         return int(self._one(cursor, FINISH_TURN, params)[0]) - 1
 

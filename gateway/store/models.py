@@ -36,6 +36,8 @@ class SessionRow(SQLModel, table=True):
     token_ratio_samples: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     tokens_in: int = 0
     tokens_out: int = 0
+    # Of `tokens_in`, what the provider read from its prompt cache (None: it never said).
+    tokens_cached: int | None = None
     turns: int = 0
     # Compaction / memory-flush cycles: flushed_cycle None means "never flushed", never 0 == 0.
     compaction_cycle: int = 0
@@ -134,6 +136,8 @@ class TurnRecordRow(SQLModel, table=True):
     prompt_tokens: int | None = None
     local_prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    """Of `prompt_tokens`, what the provider read from its prompt cache (None: not reported)."""
     window: int | None = None
     compact_at: int | None = None
     flush_at: int | None = None

@@ -30,6 +30,8 @@ class TurnUsage:
 
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    """Of `prompt_tokens`, what the provider read from its prompt cache."""
 
 
 def _awaiting_answer() -> tuple[Any, ...]:
@@ -216,6 +218,7 @@ class TurnRepository:
                 error=error,
                 token_ratio=token_ratio,
                 token_ratio_samples=token_ratio_samples,
+                cached_tokens=usage.cached_tokens,
             )
             hot.insert_message_only(cursor, reply_values(session_id, seq, reply, reply_status))
             outbox_id = None

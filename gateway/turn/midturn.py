@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -52,6 +53,7 @@ from gateway.store import MessageRow, Store
 from gateway.turn.previews import PreviewStream
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 CROSS_PROCESS_POLL_SECONDS = 1.0
 """PostgreSQL: how often an ``interrupt`` turn's model call looks for a message another process
@@ -173,13 +175,17 @@ class MidTurn:
         watch = asyncio.create_task(self._watch())
         try:
             await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done() and watch.exception() is not None:
+                # Looking in the store failed: never stop a turn over that, let the call run.
+                log.warning("could not look for new messages: %s", watch.exception())
+                await asyncio.wait({task})
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task})
         except BaseException:  # the turn itself is cancelled (shutdown)
             task.cancel()
             watch.cancel()
             raise
-        if not task.done():
-            task.cancel()
-            await asyncio.wait({task})
         watch.cancel()
         if not task.cancelled() and task.exception() is None:
             self.partial = ""

@@ -98,7 +98,8 @@ class TurnPrompts:
         return made
 
     def refresh_block(self) -> str | None:
-        """The block the first model call after a compaction carries: AGENTS.md's sections and,
+        """The block every model call after a compaction carries, until the next one (in one
+        place, so the prompt keeps its prefix): AGENTS.md's sections and,
         when the lookup tool is there, how to reach the compacted messages."""
         block = self.agents.refresh_block(self.config.memory.post_compaction_sections)
         if ARCHIVE_TOOL not in self.tools.tools:
@@ -123,9 +124,10 @@ class TurnPrompts:
         split = bisect.bisect_left(history, first_seq, key=lambda m: m.seq or 0)
         summary = view.summary
         after_compaction = self.refresh_block()
-        refresh = None
-        if summary is not None and not summary.refreshed:
-            refresh = after_compaction
+        # The refresh block stays in its place, right after the summary, until the next
+        # compaction: removing it after one call would change the prompt's prefix again, and
+        # providers bill an unchanged prefix at a fraction (issue 24).
+        refresh = after_compaction if summary is not None else None
         return TurnContext(
             session_key=session_key,
             system_prompt=self.system_prompt(),

@@ -23,20 +23,20 @@ from context.engine import ContextEngine, ContextPlan, ContextSettings, TurnCont
 from context.types import Message
 from context.window import WindowTooSmallError
 from gateway.config import Config
-from gateway.model.llm import ContextOverflowError, LLMError, LLMProvider
+from gateway.model.llm import ContextOverflowError, LLMError, LLMProvider, prompt_cache_key
 from gateway.model.sizing import ContextResolver
 from gateway.store import CompactionRow, HistoryRead, MessageRow, SessionRow, Store, TurnUsage
 from gateway.tools.memory import MemoryFlush
 from gateway.tools.registry import ToolContext, ToolRegistry
 from gateway.turn.archive import Archive
 from gateway.turn.artifacts import cap_tool_output
+from gateway.turn.commands import Describe, run_commands
 from gateway.turn.compaction import (
     Compactor,
     OnCompaction,
     compaction_blocked_reason,
     describe_compaction,
 )
-from gateway.turn.commands import Describe, run_commands
 from gateway.turn.history import (
     COMMAND_STATUS,
     ERROR_STATUS,
@@ -215,7 +215,7 @@ class Runner:
             session.id,
             reply_message,
             (r.id for r in answered if r.id is not None),
-            TurnUsage(stats.prompt_tokens, stats.completion_tokens),
+            TurnUsage(stats.prompt_tokens, stats.completion_tokens, stats.cached_tokens),
             reply_status=status,
             error=stats.error,
             token_ratio=_calibrated_ratio(self.resolver, session_key),
@@ -310,6 +310,7 @@ class Runner:
                         plan.messages,
                         all_specs if view.summary is not None else fresh_specs,
                         on_text=mid.on_text(preview),
+                        cache_key=prompt_cache_key(session.agent, session_key),
                     )
                 )
                 if completion is None:
@@ -336,6 +337,7 @@ class Runner:
                 view = await self.view(session.id)
                 continue
             stats.prompt_tokens = completion.usage.prompt_tokens
+            stats.cached_tokens = completion.usage.cached_tokens
             stats.completion_tokens = (stats.completion_tokens or 0) + (
                 completion.usage.completion_tokens or 0
             )

@@ -17,6 +17,8 @@ class TurnStats:
     tool_rounds: int = 0
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    """Of `prompt_tokens` (the last call's), what the provider read from its prompt cache."""
     seconds: float = 0.0
     error: str | None = None
     compactions: list[CompactionResult] = field(default_factory=list)
@@ -54,7 +56,7 @@ class TurnStats:
 
 
 _KEPT_AS_IS = (
-    "prompt_tokens", "local_prompt_tokens", "completion_tokens", "window", "compact_at",
-    "flush_at", "tool_rounds", "error",
+    "prompt_tokens", "local_prompt_tokens", "completion_tokens", "cached_tokens", "window",
+    "compact_at", "flush_at", "tool_rounds", "error",
 )
 """The stats a turn record stores under the same name, unchanged."""

@@ -27,7 +27,7 @@ import hmac
 import math
 import time
 from collections import OrderedDict, deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
 from importlib import resources
@@ -239,10 +239,17 @@ class TokenChart:
     points: list[ChartPoint]
     markers: list[ChartMarker]
     lines: list[ChartLine]
+    cached: list[ChartPoint] = field(default_factory=list)
+    """Of each turn's prompt tokens, those the provider read from its prompt cache (turns whose
+    endpoint reported them)."""
 
     @property
     def polyline(self) -> str:
         return " ".join(f"{p.x:.1f},{p.y:.1f}" for p in self.points)
+
+    @property
+    def cached_polyline(self) -> str:
+        return " ".join(f"{p.x:.1f},{p.y:.1f}" for p in self.cached)
 
 
 def _aware(value: datetime) -> datetime:
@@ -278,9 +285,23 @@ def token_chart(
             x_at(i), y_at(tokens), i + 1, tokens,
             f"turn {i + 1}: {tokens:,} prompt tokens"
             + (" (gateway count)" if t.prompt_tokens is None else "")
+            + (
+                f", {t.cached_tokens:,} from the provider's cache"
+                f" ({t.cached_tokens / tokens:.0%})"
+                if t.cached_tokens is not None and tokens else ""
+            )
             + (f" — failed: {t.error}" if t.error else ""),
         )
         for i, (t, tokens) in enumerate(turns)
+    ]
+    cached = [
+        ChartPoint(
+            x_at(i), y_at(t.cached_tokens), i + 1, t.cached_tokens,
+            f"turn {i + 1}: {t.cached_tokens:,} of {tokens:,} prompt tokens from the "
+            "provider's cache",
+        )
+        for i, (t, tokens) in enumerate(turns)
+        if t.cached_tokens is not None
     ]
     events: list[tuple[datetime, MarkerKind, str]] = [
         (
@@ -320,7 +341,7 @@ def token_chart(
         ChartLine(y_at(compact_at), "compact", compact_at, f"compaction at {compact_at:,}"),
         ChartLine(y_at(flush_at), "flush", flush_at, f"memory flush at {flush_at:,}"),
     ]
-    return TokenChart(width, height, left, top, plot_w, plot_h, points, markers, lines)
+    return TokenChart(width, height, left, top, plot_w, plot_h, points, markers, lines, cached)
 
 
 def _safe_next(target: str | None) -> str:
@@ -617,6 +638,7 @@ class AdminUI:
         return self.render(
             "session.html", request,
             s=detail, facts=facts.to_json(), chart=token_chart(history),
+            cache=detail.prompt_cache,
             messages=[m.to_json() for m in messages[-TRANSCRIPT_LIMIT:]],
             hidden=max(0, len(messages) - TRANSCRIPT_LIMIT),
             compactions=detail.compactions[::-1], outcome=None,

@@ -20,7 +20,7 @@ from gateway.app import Gateway
 from gateway.config import Config
 from gateway.web.server import WebServer, build_app
 from tests.conftest import MakeConfig
-from tests.fakes import FakeOpenAI
+from tests.fakes import FakeOpenAI, stall_stream
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.slack_server import FakeSlack, im_message
 from tests.fakes.telegram_server import FakeTelegram
@@ -28,6 +28,7 @@ from tests.helpers.midturn import (
     INTERRUPT_CUT,
     SCENARIOS,
     Chat,
+    settle,
     steer_without_a_boundary,
     until,
 )
@@ -251,3 +252,48 @@ async def test_steer_falls_back_to_a_follow_up_without_a_boundary(
 ) -> None:
     gateway, chat = await platform("steer")
     await steer_without_a_boundary(gateway, chat, fake_llm)
+
+
+async def test_an_interrupted_preview_is_edited_into_the_cut_reply(
+    fake_llm: FakeOpenAI, make_config: MakeConfig
+) -> None:
+    """Telegram with a streamed preview: the words shown so far stay, marked interrupted."""
+    async with FakeTelegram() as tg:
+        config = make_config(
+            fake_llm,
+            channels={
+                "telegram": {
+                    "enabled": True, "token": tg.token, "base_url": tg.base_url,
+                    "dm_policy": "open", "queue_mode": "interrupt",
+                    "stream_preview": True, "stream_min_chars": 5,
+                }
+            },
+        )
+        gw = Gateway(config)
+        gw.add_channel(TelegramChannel(config.channels.telegram))
+        await gw.start()
+        try:
+            fake_llm.script(
+                stall_stream(after_chunks=4, text="Let me think about this very carefully")
+            )
+            chat = TelegramChat(gw, tg)
+            await chat.send("one")
+            [preview] = await tg.wait_for_call("sendMessage")
+            assert preview["text"].startswith("Let me") and "parse_mode" not in preview
+
+            async def written() -> bool:
+                turn = gw.runner.arrivals.turn("agent:main:telegram:direct:7")
+                return turn is not None and turn.partial == "Let me think about"
+
+            await until(written)
+            await chat.send("two")
+            [cut, *_] = await tg.wait_for_call(
+                "editMessageText", where=lambda p: p.get("parse_mode") == "HTML"
+            )
+            assert cut["text"] == INTERRUPT_CUT
+            assert int(cut["message_id"]) == min(m for c, m in tg.bot_messages if c == USER)
+            await settle(gw)
+            replies = [p["text"] for p in tg.calls_to("editMessageText") if p.get("parse_mode")]
+            assert replies == [INTERRUPT_CUT, "echo: two"]
+        finally:
+            await gw.stop(grace=2)

@@ -106,7 +106,7 @@ async def test_without_the_files_read_scope_the_person_is_told(
 async def test_the_bot_token_goes_to_slack_only(
     make_config: MakeConfig, fake_llm: FakeOpenAI
 ) -> None:
-    async with running(make_config, fake_llm) as (gw, slack):
+    async with running(make_config, fake_llm) as (_gw, slack):
         shared = {**slack.add_file("x.pdf", b"%PDF-1.7", "application/pdf"),
                   "url_private": "http://files.evil.example/x.pdf"}
         slack.push_event(im_message("", subtype="file_share", files=[shared]))
@@ -118,7 +118,7 @@ async def test_the_bot_token_goes_to_slack_only(
 async def test_an_oversized_file_is_refused_before_downloading(
     make_config: MakeConfig, fake_llm: FakeOpenAI
 ) -> None:
-    async with running(make_config, fake_llm, attachments={"max_bytes": 1024}) as (gw, slack):
+    async with running(make_config, fake_llm, attachments={"max_bytes": 1024}) as (_gw, slack):
         shared = slack.add_file("video.mp4", b"\x00" * 10, "video/mp4", size=3 * 1024 * 1024)
         slack.push_event(im_message("what about this", subtype="file_share", files=[shared]))
         [post] = await slack.wait_for_call("chat.postMessage")

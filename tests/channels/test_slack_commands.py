@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -14,6 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from channels.commands import CHAT_COMMANDS
 from channels.slack import EVENTS_PATH, SlackChannel
+from channels.slack_commands import SlackSlashCommand
 from gateway.app import Gateway
 from gateway.operations import show_session
 from tests.conftest import MakeConfig
@@ -93,3 +95,24 @@ async def test_a_command_typed_as_a_message(rig: Rig) -> None:
     [post] = await rig.fake.wait_for_call("chat.postMessage")
     assert post["text"].startswith("Already a fresh context")
     assert rig.llm.requests == []
+
+
+def test_an_invocation_reads_as_the_command_it_names() -> None:
+    slash = SlackSlashCommand("/gatehouse", "slack")
+    base = {"user_id": "U1", "channel_id": "C1", "trigger_id": "T1", "channel_name": "general"}
+    for text, typed in [
+        ("status", "/status"), ("  CONTEXT ", "/context"), ("reset", "/new"), ("", "/help"),
+        ("what is this", "/help"), ("compact  focus on db01", "/compact focus on db01"),
+        ("new and more", "/new"),
+    ]:
+        msg = slash.normalize({**base, "text": text})
+        assert msg is not None and msg.text == typed, text
+        assert msg.chat_type == "channel" and msg.was_mentioned
+    dm = slash.normalize({**base, "channel_id": "D1", "channel_name": "directmessage"})
+    assert dm is not None and dm.chat_type == "direct"
+    group = slash.normalize({**base, "channel_name": "mpdm-a--b-1"})
+    assert group is not None and group.chat_type == "group"
+    malformed: list[Any] = [None, [], {**base, "user_id": None}, {**base, "channel_id": " "},
+                            {**base, "trigger_id": 5}]
+    for bad in malformed:
+        assert slash.normalize(bad) is None

@@ -91,7 +91,7 @@ async def test_reply_in_thread_off_answers_at_top_level(
 
 
 async def test_group_dms_stay_top_level(make_config: MakeConfig, fake_llm: FakeOpenAI) -> None:
-    async with running(make_config, fake_llm, require_mention=False) as (gw, slack):
+    async with running(make_config, fake_llm, require_mention=False) as (_gw, slack):
         slack.push_event(channel_message(
             f"<@{BOT_USER_ID}> hi both", user="U7", channel="G0000MPIM", channel_type="mpim",
         ))

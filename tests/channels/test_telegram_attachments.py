@@ -123,6 +123,7 @@ async def test_a_photo_reaches_a_vision_model_as_an_image_part(
         session = await gw.store.get_session(f"agent:main:telegram:direct:{USER}")
         assert session is not None and session.id is not None
         [stored, _reply] = await gw.store.history(session.id)
+        assert isinstance(stored.content, list)
         assert stored.content[1] == {
             "type": "image_url", "image_url": {"url": f"workspace:{relative}"},
         }
@@ -253,3 +254,36 @@ async def test_the_message_is_stored_before_the_download_and_finished_after_a_re
         [body] = fake_llm.requests
         assert user_content(body)[1]["type"] == "image_url"
         assert await gw.store.fetching_messages() == []
+
+
+async def test_an_unmentioned_group_photo_is_context_and_not_downloaded(
+    make_config: MakeConfig, tg: FakeTelegram, fake_llm: FakeOpenAI
+) -> None:
+    group = -1001234567890
+    async with running(make_config, tg, fake_llm) as gw:
+        photo = tg.add_file(JPEG, suffix=".jpg")
+        tg.group_message(group, USER, None, photo=[{**photo, "width": 8, "height": 8}])
+        tg.group_message(group, 8, "what did they send?", reply_to_bot=True)
+        await tg.wait_for_call("sendMessage", where=_to(group))
+        assert tg.calls_to("getFile") == [] and inbox_files(gw) == []
+        [body] = fake_llm.requests
+        said = [m["content"] for m in body["messages"] if m["role"] == "user"]
+        assert said[0] == (
+            "User7:\n[attachment: photo: not downloaded (the message was not addressed to me)]"
+        )
+
+
+async def test_an_inbox_that_leads_outside_the_workspace_is_never_written_through(
+    make_config: MakeConfig, tg: FakeTelegram, fake_llm: FakeOpenAI, tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    async with running(make_config, tg, fake_llm) as gw:
+        (gw.config.workspace / "inbox").symlink_to(elsewhere, target_is_directory=True)
+        photo = tg.add_file(JPEG, suffix=".jpg")
+        tg.private_message(USER, None, photo=[{**photo, "width": 8, "height": 8}])
+        [answer] = await tg.wait_for_call("sendMessage", where=_to(USER))
+        assert answer["text"] == (
+            "I could not get your photo: it could not be saved. Please try sending it again."
+        )
+        assert list(elsewhere.rglob("*")) == []

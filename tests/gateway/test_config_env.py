@@ -37,15 +37,18 @@ def test_an_unset_channel_credential_turns_that_channel_off() -> None:
         "slack": {"enabled": True, "bot_token": "xoxb-1", "signing_secret": f"${{{UNSET}}}",
                   "mode": "http"},
         "discord": {"token": f"${{{UNSET}}}"},  # not enabled: nothing to turn off, no notice
+        "webchat": {"allow_from": ["alice", f"${{{UNSET}}}", f"${{{UNSET}}}x"]},
     }})
     assert not config.channels.telegram.enabled
     assert config.channels.telegram.token is None
     assert config.channels.telegram.dm_history_limit == 7, "the rest of the section stays"
     assert not config.channels.slack.enabled, "never a webhook without its secret"
     assert not config.channels.discord.enabled
+    assert not config.channels.webchat.enabled, "an access list it cannot read: closed"
     assert config.notices == [
         f"channels.telegram.token: ${{{UNSET}}} is not set: the telegram channel is off",
         f"channels.slack.signing_secret: ${{{UNSET}}} is not set: the slack channel is off",
+        f"channels.webchat.allow_from[1]: ${{{UNSET}}} is not set: the webchat channel is off",
     ]
 
 

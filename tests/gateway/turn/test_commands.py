@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from channels.base import InboundMessage
 from channels.commands import CHAT_COMMANDS, parse_command
 from gateway.app import Gateway
 from gateway.operations import explain, show_session, uncompact_session
@@ -192,5 +193,32 @@ async def test_a_status_with_nothing_said_yet(make_config: MakeConfig) -> None:
             [status] = await rg.ask("/status")
             assert "Last compaction: none yet" in status
             assert fake.requests == []
+        finally:
+            await rg.gateway.stop()
+
+
+async def test_messages_collected_around_a_new_in_one_turn(make_config: MakeConfig) -> None:
+    """Sent while the agent was busy: the commands run in order, what came before `/new` stays
+    behind its boundary, what came after is answered by the model."""
+    async with FakeOpenAI(default=summarizer_and_echo) as fake:
+        rg = await start(make_config, fake)
+        try:
+            await rg.ask("old topic ORD-1")
+            async with rg.gateway.hold_lane(KEY):  # the agent is busy: these wait together
+                for i, text in enumerate(["forget this", "/status", "/new", "fresh question"]):
+                    await rg.gateway.handle_inbound(InboundMessage(
+                        platform="webchat", chat_type="direct", chat_id="tester",
+                        sender_id="tester", text=text, platform_message_id=f"m{i}",
+                    ))
+            await rg.gateway.lanes.join()
+            sent = chats(fake)[-1]["messages"]
+            assert [m["content"] for m in sent if m["role"] != "system"] == ["fresh question"]
+            shown = await show_session(rg.gateway.config, KEY, show_all=True)
+            assert shown is not None
+            reply = shown.messages[-1].message.text
+            status, new, answer = reply.split("\n\n")
+            assert status.startswith("Model: ") and new.startswith("Started a fresh context")
+            assert answer == "echo: fresh question"
+            assert shown.messages[-1].status is None, "a reply with the model's answer is seen"
         finally:
             await rg.gateway.stop()

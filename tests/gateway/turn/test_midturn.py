@@ -100,6 +100,26 @@ async def test_a_call_that_finishes_first_keeps_its_answer(store: Store) -> None
     assert turn.partial == "" and not turn.interrupted
 
 
+async def test_a_store_that_cannot_be_read_never_stops_the_call(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    turn = await _interruptible(store)
+
+    async def broken(_session_id: int) -> list[Any]:
+        raise RuntimeError("database is locked")
+
+    monkeypatch.setattr(store, "arrivals", broken)
+
+    async def model() -> str:
+        await asyncio.sleep(0.1)
+        return "done"
+
+    call = asyncio.create_task(turn.call(model()))
+    await asyncio.sleep(0.02)
+    turn.wake()
+    assert await asyncio.wait_for(call, 2) == "done"
+
+
 async def test_a_failing_call_fails_the_turn(store: Store) -> None:
     turn = await _interruptible(store)
 
