@@ -15,7 +15,6 @@ from context.tokens import TokenCounter, estimate_counter
 from context.types import Message
 from context.window import WindowResolution
 
-
 SmallOverflow = Literal["compact", "drop-blocks", "drop-turns"]
 """What a prompt at most 5 % over the usable tokens leads to. Providers cache a prompt's
 unchanged prefix, and dropping a turn shifts everything after it, so: "compact" (the default)

@@ -748,6 +748,9 @@ RELOADABLE_LIMITS = ("history_limit", "dm_history_limit", "dms", "groups", "chan
 """A channel's history-limit keys (with `[context] history_limit`): a reload applies them."""
 RELOADABLE_ACCESS = ("dm_policy", "allow_from", "group_allowlist", "require_mention")
 """A channel's access keys: a reload applies them."""
+RELOADABLE_MODES = ("queue_mode",)
+"""How a channel treats messages that arrive mid-turn (with `[gateway] queue_mode`): read at
+every turn, so a reload applies them too."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -785,6 +788,9 @@ def reload_plan(running: Config, started_from: Config, new: Config) -> ReloadPla
     at start or at its last reload) and so need a restart."""
     limits: list[str] = []
     access: list[str] = []
+    modes: list[str] = []
+    if running.gateway.queue_mode != new.gateway.queue_mode:
+        modes.append(f"default {running.gateway.queue_mode} → {new.gateway.queue_mode}")
     if running.context.history_limit != new.context.history_limit:
         limits.append(
             f"default {_limit_text(running.context.history_limit)} → "
@@ -810,6 +816,8 @@ def reload_plan(running: Config, started_from: Config, new: Config) -> ReloadPla
             line = _list_change(name, key, getattr(old, key), getattr(now, key))
             if line:
                 access.append(line)
+        if old.queue_mode != now.queue_mode:
+            modes.append(f"{name} {old.queue_mode or 'default'} → {now.queue_mode or 'default'}")
         if old.require_mention != now.require_mention:
             access.append(
                 f"{name} require_mention {str(old.require_mention).lower()} → "
@@ -820,15 +828,17 @@ def reload_plan(running: Config, started_from: Config, new: Config) -> ReloadPla
         changes.append("history limits: " + ", ".join(limits))
     if access:
         changes.append("access: " + "; ".join(access))
+    if modes:
+        changes.append("mid-turn modes: " + ", ".join(modes))
     return ReloadPlan(changes, _restart_keys(started_from, new))
 
 
 def _reloadable(path: tuple[str, ...]) -> bool:
-    if path == ("context", "history_limit"):
+    if path in (("context", "history_limit"), ("gateway", "queue_mode")):
         return True
     return (
         len(path) == 3 and path[0] == "channels"
-        and path[2] in (*RELOADABLE_LIMITS, *RELOADABLE_ACCESS)
+        and path[2] in (*RELOADABLE_LIMITS, *RELOADABLE_ACCESS, *RELOADABLE_MODES)
     )
 
 
@@ -846,11 +856,12 @@ def _restart_keys(old: BaseModel, new: BaseModel, path: tuple[str, ...] = ()) ->
 
 
 def apply_reload(running: Config, new: Config) -> None:
-    """Copy the reloadable keys (history limits, access lists) of `new` into `running`, in
+    """Copy the reloadable keys (history limits, access lists, mid-turn modes) of `new` into `running`, in
     place: everything holding the running config sees them at its next read."""
     running.context.history_limit = new.context.history_limit
+    running.gateway.queue_mode = new.gateway.queue_mode
     for name in ChannelsSection.model_fields:
         target, source = running.channels.get(name), new.channels.get(name)
-        for key in (*RELOADABLE_LIMITS, *RELOADABLE_ACCESS):
+        for key in (*RELOADABLE_LIMITS, *RELOADABLE_ACCESS, *RELOADABLE_MODES):
             if key in type(target).model_fields:
                 setattr(target, key, getattr(source, key))

@@ -48,6 +48,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from channels.base import OutboundMessage
+from channels.commands import parse_command
 from gateway.config import Config, QueueMode
 from gateway.store import MessageRow, Store
 from gateway.turn.previews import PreviewStream
@@ -73,8 +74,9 @@ def queue_mode(config: Config, platform: str) -> QueueMode:
 
 
 def is_command(content: Any) -> bool:
-    """A chat command (``/compact``, ``/status`` …): never steers or interrupts a turn."""
-    return isinstance(content, str) and content.lstrip().startswith("/")
+    """A chat command (``/compact``, ``/status`` …): never steers or interrupts a turn. The
+    same test as the runner's (`channels.commands.parse_command`): "/tmp/x is full" is not one."""
+    return parse_command(content) is not None
 
 
 def takes_part(row: MessageRow) -> bool:

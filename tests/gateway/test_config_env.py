@@ -146,13 +146,14 @@ def test_a_reload_plan_names_what_changes_and_what_needs_a_restart() -> None:
     }
     new = {
         "context": {"history_limit": 20},
+        "gateway": {"queue_mode": "followup"},
         "web": {"port": 9999},
         "llm": {"api_key": "sk-new-secret"},
         "channels": {
             "telegram": {"dm_history_limit": 30, "allow_from": ["2", "3"],
                          "dm_policy": "allowlist"},
             "slack": {"channels": {"C1": {"history_limit": 0}}, "require_mention": False,
-                      "group_allowlist": ["C9"]},
+                      "group_allowlist": ["C9"], "queue_mode": "interrupt"},
         },
     }
     running, started_from, fresh = parse_config(old), parse_config(old), parse_config(new)
@@ -162,6 +163,7 @@ def test_a_reload_plan_names_what_changes_and_what_needs_a_restart() -> None:
         "telegram dm 7 100 → unset, slack channel C1 5 → unlimited",
         "access: telegram dm_policy pairing → allowlist; telegram allow_from +3 -1; "
         "slack group_allowlist +C9; slack require_mention true → false",
+        "mid-turn modes: default collect → followup, slack default → interrupt",
     ]
     assert plan.restart == ["llm.api_key", "web.port"], "names only: a value may be a secret"
     apply_reload(running, fresh)
@@ -170,6 +172,8 @@ def test_a_reload_plan_names_what_changes_and_what_needs_a_restart() -> None:
     assert running.channels.telegram.dms == {}
     assert running.channels.telegram.allow_from == ["2", "3"]
     assert running.channels.slack.group_allowlist == ["C9"]
+    assert running.gateway.queue_mode == "followup"
+    assert running.channels.slack.queue_mode == "interrupt"
     assert running.web.port == 8787, "not reloadable: kept"
     assert running.llm.api_key == "sk-old-secret"
     assert reload_plan(running, started_from, fresh).changes == []
