@@ -139,7 +139,7 @@ class Gateway:
         self.access = AccessPolicy(config, self.store)
         self.intake = AttachmentIntake(
             config, self.store, self.channels,
-            notify=self.lanes.notify, hold=self.lanes.hold,
+            notify=self._arrived, hold=self.lanes.hold,
             send_stored=self.delivery.send, count_tokens=self.count_tokens,
         )
         self.llm.show_workspace_images(config.workspace)  # photos, to a vision model
@@ -345,6 +345,12 @@ class Gateway:
             return InboundResult(key, accepted=False, reason="the gateway is shutting down")
         self.runner.arrivals.arrived(key)  # a running turn may steer or stop (queue_mode)
         return InboundResult(key, accepted=True)
+
+    def _arrived(self, key: str) -> None:
+        """A message with attachments is complete: its lane, and a running turn (queue_mode),
+        hear of it as of any arrival."""
+        self.lanes.notify(key)
+        self.runner.arrivals.arrived(key)
 
     async def _reply_directly(self, msg: InboundMessage, key: str, text: str) -> None:
         await self.deliver(

@@ -107,12 +107,13 @@ _TRUNCATED_JSON = '{"id": "chatcmpl-broken", "object": "chat.completion", "choic
 class Reply:
     """A normal assistant message.
 
-    ``usage`` overrides (some of) ``prompt_tokens`` / ``completion_tokens`` / ``total_tokens``;
-    missing values are estimated from the request and the reply (about 4 characters a token).
+    ``usage`` overrides (some of) ``prompt_tokens`` / ``completion_tokens`` / ``total_tokens``
+    and may add fields (``prompt_tokens_details``...); missing values are estimated from the
+    request and the reply (about 4 characters a token).
     """
 
     text: str
-    usage: Mapping[str, int] | None = None
+    usage: Mapping[str, Any] | None = None
     finish_reason: str = "stop"
 
 
@@ -134,7 +135,7 @@ class ToolCalls:
 
     calls: tuple[ToolCall, ...]
     content: str | None = None
-    usage: Mapping[str, int] | None = None
+    usage: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +199,7 @@ _STEP_TYPES = (Reply, ToolCalls, Error, Hang, StallStream, Malformed, Fn)
 
 
 def reply(
-    text: str, usage: Mapping[str, int] | None = None, *, finish_reason: str = "stop"
+    text: str, usage: Mapping[str, Any] | None = None, *, finish_reason: str = "stop"
 ) -> Reply:
     """A normal assistant reply (``finish_reason="length"`` simulates a truncated answer)."""
     return Reply(text=text, usage=usage, finish_reason=finish_reason)
@@ -218,7 +219,7 @@ def tool_call(
     id: str | None = None,
     *,
     content: str | None = None,
-    usage: Mapping[str, int] | None = None,
+    usage: Mapping[str, Any] | None = None,
 ) -> ToolCalls:
     """An assistant message with a single tool call; dict arguments are JSON-encoded."""
     return ToolCalls(
@@ -231,7 +232,7 @@ def tool_call(
 def tool_calls(
     *calls: ToolCall | ToolCalls | tuple[str, Mapping[str, Any] | str],
     content: str | None = None,
-    usage: Mapping[str, int] | None = None,
+    usage: Mapping[str, Any] | None = None,
 ) -> ToolCalls:
     """An assistant message with several tool calls (parallel tool calling).
 
@@ -408,7 +409,7 @@ def _split_text(text: str) -> list[str]:
 
 
 def _usage(
-    body: Mapping[str, Any], completion_text: str, override: Mapping[str, int] | None
+    body: Mapping[str, Any], completion_text: str, override: Mapping[str, Any] | None
 ) -> JSON:
     usage: JSON = {
         "prompt_tokens": estimate_prompt_tokens(body),

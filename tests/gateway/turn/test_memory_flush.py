@@ -138,10 +138,18 @@ async def test_red_line_only_in_agents_md_is_in_the_prompt_after_compaction(
             assert "Greet by name." in sent
             assert "The codename is BLUEBIRD; keep it secret." not in sent, "early turn compacted"
             assert "not a heading inside a fence" not in after["messages"][0]["content"]
-            # The refresh block goes out once; red lines stay in every system prompt.
+            # The refresh block keeps its place until the next compaction (the prompt keeps its
+            # prefix for the provider's cache); red lines stay in every system prompt.
             await rg.ask("one more")
             last = [b for b in fake.requests if kind(b) == "chat"][-1]
-            assert not any(POST_COMPACTION_HEADER in (m["content"] or "") for m in last["messages"])
+            where = [
+                i for i, m in enumerate(last["messages"])
+                if POST_COMPACTION_HEADER in (m["content"] or "")
+            ]
+            assert where == [
+                i for i, m in enumerate(after["messages"])
+                if POST_COMPACTION_HEADER in (m["content"] or "")
+            ]
             assert "BLUEBIRD" in last["messages"][0]["content"]
         finally:
             await rg.gateway.stop()
