@@ -57,6 +57,7 @@ class Script:
 SCRIPTS = (
     Script("context_assembly"),
     Script("compaction"),
+    Script("prompt_cache"),
     Script("pipeline"),
     Script("channels"),
     # Under valgrind (~20x slower): even the quick sizes take a few minutes.
@@ -389,6 +390,36 @@ def rows_load(r: dict[str, Any]) -> list[Row]:
     ]
 
 
+def rows_prompt_cache(r: dict[str, Any]) -> list[Row]:
+    """Per window: prefix breaks per compaction cycle, cached share of the chat calls' input,
+    and the input cost at a 90 % cached-input discount, against today's code and trim_messages."""
+    out: list[Row] = []
+    for window in r["windows"]:
+        rows = {x["variant"]: x for x in r["rows"] if x["window"] == window}
+        gh = rows.get("compact")
+        if gh is None:
+            continue
+        name = f"Prompt cache, {r['turns']}-turn chat at {window // 1024}k"
+        for peer_name, peer in (("today's code", rows.get("today")),
+                                ("langchain_core `trim_messages`", rows.get("trim"))):
+            if peer is None:
+                continue
+            peer_breaks = (
+                f"{peer['breaks_per_cycle']:.2f}" if peer["breaks_per_cycle"] is not None
+                else f"{peer['prefix_breaks']} (no compaction)"
+            )
+            out += [
+                (name, "prefix breaks per compaction cycle", f"{gh['breaks_per_cycle']:.2f}",
+                 peer_breaks, peer_name, ""),
+                (name, "cached share of chat input", f"{gh['cached_share_chat']:.1%}",
+                 f"{peer['cached_share_chat']:.1%}", peer_name, ""),
+                (name, "input cost, cached at 90 % off (M tokens)",
+                 f"{gh['input_cost'] / 1e6:.2f}", f"{peer['input_cost'] / 1e6:.2f}", peer_name,
+                 f"×{gh['input_cost'] / peer['input_cost']:.2f}"),
+            ]
+    return out
+
+
 def rows_scale(r: list[dict[str, Any]]) -> list[Row]:
     sqlite = r[0]
     rows: list[Row] = []
@@ -430,6 +461,7 @@ def rows_hardening(r: dict[str, Any]) -> list[Row]:
 ROWS: dict[str, Callable[[Any], list[Row]]] = {
     "context_assembly": rows_context_assembly,
     "compaction": rows_compaction,
+    "prompt_cache": rows_prompt_cache,
     "pipeline": rows_pipeline,
     "channels": rows_channels,
     "instructions": rows_instructions,
@@ -524,6 +556,17 @@ def draw_charts(results: dict[str, Any]) -> list[tuple[str, str]]:
         ax.set_title("Compaction wall time against L")
         ax.legend(loc="upper left", fontsize=8)
         save(fig, "compaction_latency.png", "Compaction wall time against the model latency L")
+
+    pc = _result(results, "prompt_cache")
+    if pc and pc.get("rows"):
+        from bench.prompt_cache import draw_chart as draw_prompt_cache
+
+        if draw_prompt_cache(pc["rows"], CHARTS / "prompt_cache.png") is not None:
+            drawn.append((
+                "prompt_cache.png",
+                "Share of each chat call's prompt read from the provider's cache: gatehouse vs "
+                "today's code vs trim_messages",
+            ))
 
     pairs: list[tuple[str, float, float]] = []
     pi = _result(results, "pipeline")
@@ -629,6 +672,12 @@ def render(report: dict[str, Any], charts: list[tuple[str, str]]) -> str:
         "TODOs), empty, failing (HTTP 500), hanging (`summary_timeout` 1 s). A recall-exam "
         "question counts when its answer is in the prompt or in the top 5 results of one "
         "`history_search` of its key term; the peers have no such tool.",
+        "- **Prompt cache**: `bench/prompt_cache.py`; a 200-turn webchat conversation through "
+        "the gateway at 32k and 128k windows; the fake model reports cached tokens as the "
+        "longest common prefix (tool schemas, then messages; o200k tokens, 128-token steps from "
+        "1,024) with the session's recent requests. Today's code is the commit before the "
+        "change, exported and run the same way; `trim_messages` trims to the usable tokens "
+        "every turn. Cost counts every call (the memory flush and summaries too).",
         "- **Gateway vs floor**: `bench/pipeline.py` (webchat HTTP → gateway → model vs the bare "
         "openai SDK) and `bench/channels.py` (each platform's real SDK against its fake server, "
         "gatehouse vs a bare echo bot on the same SDK), zero-latency model.",

@@ -61,8 +61,10 @@ from memory.vectors import (
     VectorIndex,
     decay_factors,
     decayed,
+    drop_vectors_of_older_text,
     forget_vectors,
     fuse,
+    informative_terms,
 )
 from memory.workspace import scan_workspace, split_lines
 
@@ -494,6 +496,7 @@ class MemoryIndex:
                 conn.execute(f"DROP TABLE IF EXISTS {table}")
         conn.executescript(_SCHEMA)
         conn.executescript(VECTOR_SCHEMA)
+        drop_vectors_of_older_text(conn)
         have = {str(row[1]) for row in conn.execute("PRAGMA table_info(transcripts)")}
         for column, kind in _MESSAGE_COLUMNS:
             if column not in have:  # an index file from before per-message archiving
@@ -1041,12 +1044,16 @@ class MemoryIndex:
     ) -> list[Hit]:
         assert self._vectors is not None
         pool = limit * CANDIDATES_PER_RESULT
-        bm25 = self._bm25(tables, terms, pool, session_key)[:pool] if mode == "hybrid" else []
         conn = self._conn
+        expressions = [_fts_term(term) for term in terms]
+        bm25 = []
+        if mode == "hybrid":  # on the terms that carry information (see informative_terms)
+            searched = informative_terms(self._vectors, conn, tables, terms, expressions)
+            bm25 = self._bm25(tables, searched, pool, session_key)[:pool]
         picked = fuse(
             self._vectors, conn, [(t, item.rowid, item.tier) for t, item in bm25],
             tables, query_vector, terms, limit, pool, mode == "hybrid", session_key, mmr_lambda,
-            expressions=[_fts_term(term) for term in terms],
+            expressions=expressions,
             decay=None if half_life_days is None
             else lambda keys: decay_factors(conn, keys, half_life_days),
         )

@@ -72,7 +72,12 @@ CREATE TABLE IF NOT EXISTS transcript_vectors(
 );
 CREATE INDEX IF NOT EXISTS transcript_vectors_by_encoder
     ON transcript_vectors(encoder, dimensions);
+CREATE TABLE IF NOT EXISTS vector_meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+EMBEDDED_TEXT = "2"
+"""Which text of a row is embedded (`embedding_text`); vectors stored under another version
+were made from other text (1: with the daily notes' date and attribution lines) and are
+dropped when the index opens, so the gateway's start-up refresh embeds them again."""
 VECTOR_TABLE: dict[Table, str] = {"notes": "chunk_vectors", "transcripts": "transcript_vectors"}
 SOURCE_TABLE: dict[Table, str] = {"notes": "chunks", "transcripts": "transcripts"}
 
@@ -139,6 +144,23 @@ def embedding_text(text: str) -> str:
     return kept or text
 
 
+def drop_vectors_of_older_text(conn: sqlite3.Connection) -> bool:
+    """Forget every vector embedded from another `EMBEDDED_TEXT` version; True if any were."""
+    row = conn.execute("SELECT value FROM vector_meta WHERE key = 'embedded_text'").fetchone()
+    if row is not None and row[0] == EMBEDDED_TEXT:
+        return False
+    dropped = False
+    for table in VECTOR_TABLE.values():
+        dropped |= conn.execute(f"DELETE FROM {table}").rowcount > 0
+    conn.execute(
+        "INSERT OR REPLACE INTO vector_meta(key, value) VALUES ('embedded_text', ?)",
+        (EMBEDDED_TEXT,),
+    )
+    if dropped:
+        _log.info("memory index: vectors from an older way of choosing the text are re-made")
+    return dropped
+
+
 def identifier_terms(terms: Iterable[str]) -> list[str]:
     return [term for term in terms if len(term) >= 3 and _IDENTIFIER.fullmatch(term)]
 
@@ -195,7 +217,8 @@ class VectorIndex:
         self._matrices: dict[Table, _Matrix] = {}
         self._data_version: int | None = None
         self._df: dict[tuple[Table, str], int] = {}
-        self._df_corpus: dict[Table, tuple[int, int]] = {}
+        self._df_rows: dict[Table, int] = {}
+        self._df_state: tuple[int, int] | None = None
 
     # ---- embedding passes (take the index lock per batch, never while holding it) ---------
 
@@ -400,18 +423,22 @@ class VectorIndex:
     def document_frequencies(
         self, conn: sqlite3.Connection, table: Table, expressions: Sequence[str | None]
     ) -> tuple[int, list[int | None]]:
-        """(rows, rows matching each FTS5 expression) of a corpus; None for a term no
-        expression can answer. Counts are cached until the corpus's row count or highest id
-        changes (every write inserts or deletes rows): the stop words of questions recur, and
-        their long posting lists are the costly ones to count."""
-        source = SOURCE_TABLE[table]
-        rows, top = conn.execute(f"SELECT count(*), coalesce(max(id), 0) FROM {source}").fetchone()
-        corpus = (int(rows), int(top))
-        if self._df_corpus.get(table) != corpus:
-            self._df = {key: n for key, n in self._df.items() if key[0] != table}
-            self._df_corpus[table] = corpus
-        if len(self._df) > DF_CACHE_SIZE:
+        """(rows, rows matching each FTS5 expression) of a corpus, counted up to half the rows
+        and one (all that `_idf` needs); None for a term no expression can answer.
+
+        Cached until a write: this connection's `total_changes` or another's commit (`PRAGMA
+        data_version`) moves. Questions' filler words recur, and their long posting lists are
+        the costly ones to count."""
+        state = (conn.total_changes, int(conn.execute("PRAGMA data_version").fetchone()[0]))
+        if state != self._df_state or len(self._df) > DF_CACHE_SIZE:
             self._df.clear()
+            self._df_rows.clear()
+            self._df_state = state
+        source = SOURCE_TABLE[table]
+        rows = self._df_rows.get(table)
+        if rows is None:
+            rows = int(conn.execute(f"SELECT count(*) FROM {source}").fetchone()[0])
+            self._df_rows[table] = rows
         fts = f"{source}_fts"
         out: list[int | None] = []
         for expression in expressions:
@@ -419,15 +446,16 @@ class VectorIndex:
                 out.append(None)
                 continue
             known = self._df.get((table, expression))
-            if known is None:
+            if known is None:  # counted up to half the rows: past that the IDF is 0 anyway
                 known = int(
                     conn.execute(
-                        f"SELECT count(*) FROM {fts} WHERE {fts} MATCH ?", (expression,)
+                        f"SELECT count(*) FROM (SELECT 1 FROM {fts} WHERE {fts} MATCH ? LIMIT ?)",
+                        (expression, rows // 2 + 1),
                     ).fetchone()[0]
                 )
                 self._df[(table, expression)] = known
             out.append(known)
-        return corpus[0], out
+        return rows, out
 
     def vectors_of(
         self, conn: sqlite3.Connection, keys: Sequence[tuple[Table, int]]
@@ -522,6 +550,30 @@ def bm25_weights(
             coverage = sum(w for w, h in zip(idf, held, strict=True) if h) / total if total else 1
             weights[i] = min(1.0, coverage) ** PARTIAL_MATCH_POWER
     return weights
+
+
+def informative_terms(
+    index: VectorIndex,
+    conn: sqlite3.Connection,
+    tables: Sequence[Table],
+    terms: Sequence[str],
+    expressions: Sequence[str | None],
+) -> list[str]:
+    """The terms the BM25 side of a hybrid search needs: those in fewer than half the rows of
+    some corpus searched (and those no FTS5 expression answers). A term in half the rows or
+    more adds nothing to a BM25 score (FTS5 floors its IDF), and a hit that holds only such
+    terms gets no vote (`bm25_weights`), but an OR query on them scores most of the index: at
+    10,000 notes that was most of a natural-language question's cost. All the terms when none
+    is informative."""
+    if len(terms) < 2 or len(expressions) != len(terms):
+        return list(terms)
+    keep = [expression is None for expression in expressions]
+    for table in tables:
+        rows, counts = index.document_frequencies(conn, table, expressions)
+        for i, count in enumerate(counts):
+            keep[i] = keep[i] or (count is not None and _idf(rows, count) > 0)
+    informative = [term for term, kept in zip(terms, keep, strict=True) if kept]
+    return informative or list(terms)
 
 
 def note_date(path: str) -> date | None:

@@ -213,6 +213,25 @@ def test_encoder_change_re_embeds(tmp_path: Path) -> None:
         assert seen[-1] == (7, 7)
 
 
+def test_vectors_of_an_older_embedded_text_are_made_again(tmp_path: Path) -> None:
+    ws = workspace(tmp_path)
+    with MemoryIndex(tmp_path / "i.db", ws, encoder=HashingEncoder(64)) as index:
+        index.refresh()
+        index.archive_messages(ALICE, [ArchivedMessage(1, "user", "deploy on friday", None)])
+        assert index.vector_coverage() == {"notes": (7, 7), "transcripts": (1, 1)}
+    conn = sqlite3.connect(tmp_path / "i.db")  # as the version that embedded note headings left it
+    conn.execute("UPDATE vector_meta SET value = '1' WHERE key = 'embedded_text'")
+    conn.commit()
+    conn.close()
+    counting = Counting(HashingEncoder(64))
+    with MemoryIndex(tmp_path / "i.db", ws, encoder=counting) as index:
+        assert index.vector_coverage() == {"notes": (0, 7), "transcripts": (0, 1)}
+        assert index.refresh().vectors_written == 8
+        assert len(counting.texts) == 8
+    with MemoryIndex(tmp_path / "i.db", ws, encoder=HashingEncoder(64)) as index:
+        assert index.vector_coverage() == {"notes": (7, 7), "transcripts": (1, 1)}  # once
+
+
 def test_vectors_follow_the_archive(tmp_path: Path) -> None:
     (tmp_path / "ws").mkdir()
     counting = Counting(HashingEncoder(64))

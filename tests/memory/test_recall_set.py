@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import memory.index
 import memory.vectors
 from memory.embeddings import Encoder, HashingEncoder, Vectors
 from memory.index import ArchivedMessage, Hit, MemoryIndex, SearchMode, _fts_term, query_terms
@@ -21,6 +22,7 @@ from memory.vectors import (
     decay_factors,
     decayed,
     embedding_text,
+    informative_terms,
     note_date,
     rrf,
 )
@@ -175,17 +177,36 @@ def test_stand_in_synonyms_beat_filler_words(
     assert hybrid[0].path == answer and hybrid[0].mode_used == "hybrid"
 
 
-def test_plain_rrf_lets_filler_matches_outvote_the_meaning(
-    stand_in: MemoryIndex, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("weighted", "informative", "first_path"),
+    [
+        (False, False, "errand-"),  # plain RRF: hits on "When do we" outvote the meaning
+        (False, True, "lunch.md"),  # only informative terms: "to" is rare here, votes in full
+        (True, False, "deploy.md"),  # votes by the share of the query's IDF matched
+        (True, True, "deploy.md"),  # both, as search does
+    ],
+)
+def test_weak_bm25_hits_do_not_outvote_the_meaning(
+    stand_in: MemoryIndex,
+    monkeypatch: pytest.MonkeyPatch,
+    weighted: bool,
+    informative: bool,
+    first_path: str,
 ) -> None:
-    question = "When do we release to production?"
-    first = stand_in.search(question, mode="hybrid")[0]
-    assert first.path == "deploy.md" and first.bm25_rank is None  # the vector side's alone
-    monkeypatch.setattr(
-        memory.vectors, "bm25_weights", lambda index, conn, bm25, *rest: [1.0] * len(bm25)
-    )
-    unweighted = stand_in.search(question, mode="hybrid")[0]
-    assert unweighted.path.startswith("errand-") and unweighted.bm25_rank is not None
+    if not weighted:
+        monkeypatch.setattr(
+            memory.vectors, "bm25_weights", lambda index, conn, bm25, *rest: [1.0] * len(bm25)
+        )
+    if not informative:
+        monkeypatch.setattr(
+            memory.index, "informative_terms", lambda index, conn, tables, terms, e: list(terms)
+        )
+    first = stand_in.search("When do we release to production?", mode="hybrid")[0]
+    assert first.path.startswith(first_path)
+    if first_path == "deploy.md":
+        assert first.bm25_rank is None  # the vector side's alone
+    else:
+        assert first.bm25_rank is not None
 
 
 def test_bm25_votes_follow_the_share_of_the_query_matched(stand_in: MemoryIndex) -> None:
@@ -227,6 +248,21 @@ def test_no_idf_means_every_hit_votes_in_full(tmp_path: Path) -> None:
             ["deploy", "checklist"], ['body : "deploy"', 'body : "checklist"'],
         )
         assert weights == [1.0]
+
+
+def test_hybrid_bm25_searches_the_informative_terms(stand_in: MemoryIndex) -> None:
+    assert stand_in._vectors is not None
+    terms = query_terms("When do we release to production?")
+    expressions = [_fts_term(term) for term in terms]
+    informative = informative_terms(
+        stand_in._vectors, stand_in._conn, ["notes"], terms, expressions
+    )
+    assert informative == ["release", "to", "production"]  # "When do we" is in most rows
+    common = ["When", "do", "we"]
+    every = informative_terms(
+        stand_in._vectors, stand_in._conn, ["notes"], common, [_fts_term(t) for t in common]
+    )
+    assert every == common  # none informative: all of them
 
 
 def test_document_frequencies_follow_writes(tmp_path: Path) -> None:
