@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
@@ -54,6 +55,26 @@ from memory.index import ArchivedMessage, MemoryIndex, RefreshStats
 from memory.workspace import ensure_workspace
 
 log = logging.getLogger(__name__)
+
+
+class EmbeddingProgress:
+    """Logs a background embedding's progress: at most every `every` seconds, and at the end
+    (a large index takes minutes on 2 cores; silence would look like a hang)."""
+
+    def __init__(self, every: float = 10.0) -> None:
+        self.every = every
+        self._last = time.monotonic()
+        self._began = self._last
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done < total and now - self._last < self.every:
+            return
+        self._last = now
+        log.info(
+            "memory search: embedded %s/%s rows (%.0f s)", f"{done:,}", f"{total:,}",
+            now - self._began,
+        )
 
 
 class Gateway:
@@ -179,10 +200,14 @@ class Gateway:
             why = reason.removeprefix("Semantic memory search is off, BM25 only: ")
             log.warning("memory search: BM25 only: %s", why)
             return
+        try:  # the files' changes since the last run, by words (cheap) ...
+            await asyncio.to_thread(self.memory_index.refresh)
+        except Exception as exc:
+            log.warning("memory search: indexing the notes failed: %s", exc)
         self.memory_index.use_encoder(encoder)
         log.info("memory search: %s, embedding %s", self.config.memory.search_mode, encoder.name)
-        try:
-            await asyncio.to_thread(self.memory_index.refresh)
+        try:  # ... then every row without a current vector, with progress in the log
+            await asyncio.to_thread(self.memory_index.reembed, EmbeddingProgress())
         except Exception as exc:  # the next refresh (a search, maintenance) tries again
             log.warning("memory search: embedding the index failed: %s", exc)
 

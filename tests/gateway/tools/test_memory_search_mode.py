@@ -11,6 +11,8 @@ import pytest
 import gateway.app
 from gateway.app import Gateway
 from gateway.tools.registry import ToolContext
+from memory.embeddings import HashingEncoder
+from memory.workspace import ensure_workspace
 from tests.conftest import MakeConfig
 from tests.fakes import FakeOpenAI
 
@@ -61,3 +63,28 @@ async def test_without_the_model_search_is_bm25_and_says_why_once(
             await gw.stop()
     lines = [r.getMessage() for r in caplog.records if "BM25 only" in r.getMessage()]
     assert lines == ["memory search: BM25 only: no model here."]
+
+
+async def test_start_embeds_what_lacks_a_vector_with_progress_in_the_log(
+    make_config: MakeConfig, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = make_config(fake_llm, memory={"embeddings": True})
+    ensure_workspace(config.workspace)
+    for i in range(3):
+        (config.workspace / "memory" / f"2026-11-0{i + 1}.md").write_text(
+            f"# 2026-11-0{i + 1}\n\n## 10:00:00 · k\nfact number {i}\n", "utf-8"
+        )
+    monkeypatch.setattr(gateway.app, "shared_encoder", lambda: (HashingEncoder(32), ""))
+    gw = Gateway(config)
+    with caplog.at_level(logging.INFO, logger="gateway.app"):
+        await gw.start()
+        try:
+            assert gw._encoder_task is not None
+            await gw._encoder_task
+            have, rows = gw.memory_index.vector_coverage()["notes"]
+            assert have == rows >= 3  # the three notes, with AGENTS.md and MEMORY.md
+        finally:
+            await gw.stop()
+    progress = [r.getMessage() for r in caplog.records if "embedded" in r.getMessage()]
+    assert progress and progress[-1].startswith(f"memory search: embedded {rows}/{rows} rows")
