@@ -98,6 +98,7 @@ class Gateway:
         memory = MemoryTools(
             config.workspace, self.memory_index, config.gateway.timezone,
             search_mode=config.memory.search_mode,
+            half_life_days=config.memory.half_life_days,
         )
         self.tools = tools or default_registry()
         memory_only = ToolRegistry()

@@ -429,6 +429,14 @@ class MemorySection(_Strict):
             "the embedding model every mode is BM25"
         ),
     )
+    half_life_days: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "temporal decay of memory_search: a daily note's score halves every this many "
+            "days of age (MEMORY.md and undated files never decay); unset: no decay"
+        ),
+    )
     embeddings: bool = Field(
         default=True,
         description=(

@@ -54,12 +54,15 @@ class MemoryTools:
     def __init__(
         self, workspace: Path, index: MemoryIndex, timezone: str,
         search_mode: SearchMode = "hybrid",
+        half_life_days: float | None = None,
     ) -> None:
         self.workspace = workspace
         self.index = index
         self.timezone = timezone
         self.search_mode = search_mode
         """How memory_search ranks when the index has an encoder (BM25 without one)."""
+        self.half_life_days = half_life_days
+        """Temporal decay of the scores ([memory] half_life_days; None: none)."""
 
     def tools(self) -> list[Tool]:
         return [
@@ -149,6 +152,7 @@ class MemoryTools:
                 mode=self.search_mode if self.index.encoder is not None else "bm25",
                 # Archived messages of this conversation only: never another session's.
                 session_key=ctx.session_key,
+                half_life_days=self.half_life_days,
             )
 
         hits = await asyncio.to_thread(run)

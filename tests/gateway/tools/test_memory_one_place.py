@@ -123,3 +123,23 @@ async def test_by_meaning_this_conversation_answers_a_paraphrase(tmp_path: Path)
         assert "SQLite" not in theirs
     finally:
         index.close()
+
+
+async def test_decay_from_the_config_puts_the_newer_of_two_equal_notes_first(
+    tmp_path: Path,
+) -> None:
+    ws = tmp_path / "ws"
+    ensure_workspace(ws)
+    notes = {  # the older one is the better match by words
+        "2025-01-05": "The backup host is bk-7 (backup host bk-7 takes the nightly dumps).",
+        "2026-11-30": "The backup host is bk-7, still.",
+    }
+    for day, text in notes.items():
+        (ws / "memory" / f"{day}.md").write_text(f"# {day}\n\n## 09:00:00 · k\n{text}\n", "utf-8")
+    with MemoryIndex(tmp_path / "index.db", ws) as index:
+        for half_life, first in ((None, "2025-01-05"), (30.0, "2026-11-30")):
+            tools = ToolRegistry()
+            for tool in MemoryTools(ws, index, "UTC", half_life_days=half_life).tools():
+                tools.register(tool)
+            found = await call(tools, "memory_search", query="backup host bk-7", corpus="notes")
+            assert found.startswith(f"memory/{first}.md:"), (half_life, found)
