@@ -406,7 +406,7 @@ def rows_prompt_cache(r: dict[str, Any]) -> list[Row]:
                 continue
             peer_breaks = (
                 f"{peer['breaks_per_cycle']:.2f}" if peer["breaks_per_cycle"] is not None
-                else f"{peer['prefix_breaks']} (no compaction)"
+                else f"{peer['prefix_breaks']} breaks, no compaction"
             )
             out += [
                 (name, "prefix breaks per compaction cycle", f"{gh['breaks_per_cycle']:.2f}",

@@ -311,7 +311,8 @@ class DefaultContextEngine(BuiltinEngine):
             return ContextPlan([], tuple(notes), facts, tier, error, tuple(counted))
 
         # 4. Overflow tiers. The compaction tiers were cut to fit above (the runner compacts
-        #    and assembles again); a small overflow drops the least important turns.
+        #    and assembles again); a small overflow drops the least important turns (what is
+        #    sent when `small_overflow = "compact"` cannot compact), or a block of the oldest.
         dropped_desc: list[str] = dropped_desc_fast
         if tier is Tier.DROP_OLDEST and settings.small_overflow == "drop-blocks":
             kept, dropped_desc = self._drop_block(
@@ -327,6 +328,11 @@ class DefaultContextEngine(BuiltinEngine):
             notes.append(
                 f"over budget ({tier.value}): {'; '.join(dropped_desc) or 'nothing'} dropped"
                 + (" to fit (compaction tier)" if tier is not Tier.DROP_OLDEST else "")
+                + (
+                    " if compaction cannot run (small_overflow = compact: it runs first)"
+                    if tier is Tier.DROP_OLDEST and settings.small_overflow == "compact"
+                    else ""
+                )
             )
         sent_local = fixed + history_tokens + incoming_tokens
         sent = PlanTokens(

@@ -61,6 +61,8 @@ def status_text(e: Explanation, flush_due: bool) -> str:
     lines.append(
         f"Messages: {e.stored_messages:,} stored, {e.messages_in_prompt:,} in the next prompt"
     )
+    if e.prompt_cache is not None:
+        lines.append(f"Prompt cache: {e.prompt_cache.describe()}")
     if plan is not None and plan.window_warning:
         lines.append(f"Warning: {plan.window_warning}")
     return "\n".join(lines)

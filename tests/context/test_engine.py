@@ -244,7 +244,7 @@ def test_facts_dict_is_the_explain_json_in_its_order() -> None:
     ]
     assert list(data["tokens"]) == [
         "local_total", "calibrated_total", "system", "tools", "summary", "history", "incoming",
-        "sent_local", "prompt",
+        "sent_local", "prompt", "tool_results",
     ]
     assert data["tier"] == "drop-oldest" and isinstance(data["dropped_turns"], list)
     assert data["budget"][0] == {"name": "window", "tokens": 6_000, "why": "effective context window"}

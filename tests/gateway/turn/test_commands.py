@@ -102,6 +102,8 @@ async def test_status_reads_the_numbers_context_explain_prints(make_config: Make
             # Stored before its own answer was: one message fewer than now.
             assert f"Messages: {facts.stored_messages - 1:,} stored, " in status
             assert f"{facts.messages_in_prompt:,} in the next prompt" in status
+            assert facts.prompt_cache is not None
+            assert f"Prompt cache: {facts.prompt_cache.describe()}" in status
             assert len(chats(fake)) == 3, "the command did not reach the model"
 
             [compacted] = await rg.ask("/compact")
