@@ -57,6 +57,7 @@ from channels.base import InboundMessage, OutboundMessage
 from channels.filetypes import VISION_TYPES, FileType, extension_fits, sniff
 from context.types import Message
 from gateway.config import Config
+from gateway.inbound.lanes import finish_or_cancel
 from gateway.store import MessageRow, Store
 from gateway.store.messages import CONTEXT_STATUS, FETCHING_STATUS
 from memory.workspace import WorkspacePathError, resolve_in_workspace
@@ -569,15 +570,7 @@ class AttachmentIntake:
         """Let downloads finish for `grace` seconds, then cancel them (they stay fetching and
         are finished on the next start)."""
         self._closed = True
-        tasks = list(self._tasks)
-        if not tasks:
-            return
-        _done, pending = await asyncio.wait(tasks, timeout=grace)
-        for task in pending:
-            task.cancel()
-        for task in pending:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await finish_or_cancel(list(self._tasks), grace)
 
 
 def _joined(text: str, lines: Sequence[str]) -> str:

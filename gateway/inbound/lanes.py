@@ -13,8 +13,9 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +24,18 @@ TurnFn = Callable[[str], Awaitable[bool | None]]
 SessionLock = Callable[[str], AbstractAsyncContextManager[None]]
 """The store's cross-process session lock (a PostgreSQL advisory lock)."""
 
+
+
+async def finish_or_cancel(tasks: Sequence[asyncio.Task[Any]], grace: float) -> None:
+    """Let `tasks` finish for `grace` seconds, then cancel the rest and wait for them to end."""
+    if not tasks:
+        return
+    _done, pending = await asyncio.wait(tasks, timeout=grace)
+    for task in pending:
+        task.cancel()
+    for task in pending:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
 
 class LanesClosedError(RuntimeError):
     pass
@@ -122,12 +135,4 @@ class SessionLanes:
     async def close(self, grace: float = 10.0) -> None:
         """Stop taking work; let in-flight turns finish for `grace` seconds, then cancel them."""
         self._closed = True
-        tasks = list(self._workers.values())
-        if not tasks:
-            return
-        _done, pending = await asyncio.wait(tasks, timeout=grace)
-        for task in pending:
-            task.cancel()
-        for task in pending:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await finish_or_cancel(list(self._workers.values()), grace)
