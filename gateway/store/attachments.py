@@ -24,7 +24,7 @@ from gateway.store.models import MessageRow, SessionRow
 
 _COMPLETE = (
     "UPDATE messages SET content = :content, handled = :handled, status = NULL "
-    "WHERE id = :id AND status = :fetching"
+    "WHERE id = :id AND status = :fetching RETURNING id"
 )
 
 
@@ -43,7 +43,8 @@ class AttachmentRepository:
             "fetching": FETCHING_STATUS,
         }
         cursor.execute(d.sql(_COMPLETE), params)
-        return bool(cursor.rowcount == 1)
+        # RETURNING, not rowcount: in a PostgreSQL pipeline the count is known once read.
+        return cursor.fetchone() is not None
 
     async def complete_inbound(self, message_id: int, content: Any) -> bool:
         """Give a fetching message its final content and let a turn claim it. False when it

@@ -49,6 +49,10 @@ CHECKPOINT_EVERY = 200
 threshold is reached after about this many turns)."""
 
 
+LOCK_POOL = 64
+"""PostgreSQL: advisory-lock connections kept open between turns (see `Database`)."""
+
+
 def execute(db: Session, statement: Any) -> None:
     """Run an UPDATE or DELETE whose result nobody reads (typed once, for every repository)."""
     db.exec(statement)
@@ -81,8 +85,12 @@ class Database:
             event.listen(self.engine, "connect", _postgres_utc)
             # Advisory locks live as long as the backend connection holding them: one
             # autocommit connection per held lock (a session's lane, the scheduler's leader).
+            # A pool keeps at most `pool_size` idle connections and closes the rest when handed
+            # back: each turn holds one, so with more sessions answered at once than that, every
+            # turn would open a connection (a backend started, ~1 ms of server CPU) and close
+            # it. It keeps as many as were ever held at once instead (a bound: max_overflow).
             self.lock_engine = create_engine(
-                self.url, isolation_level="AUTOCOMMIT", pool_size=pool_size, max_overflow=256
+                self.url, isolation_level="AUTOCOMMIT", pool_size=LOCK_POOL, max_overflow=256
             )
             workers = pool_size
         configure_mappers()  # rows built with model_construct need configured mappers
@@ -280,8 +288,14 @@ class Database:
 
         return await self.run(step)
 
-    async def fast(self, fn: Callable[[Any], T], *, write: bool = False) -> T:
+    async def fast(
+        self, fn: Callable[[Any], T], *, write: bool = False, autocommit: bool = False
+    ) -> T:
         """Run `fn(cursor)` in one transaction on a driver connection of its own.
+
+        `autocommit`: each statement of `fn` may commit on its own (one statement, or writes
+        that need not be atomic together), so on PostgreSQL they run in autocommit: a round
+        trip a statement, no BEGIN or COMMIT.
 
         SQLite: right here on the event loop. While the database thread is busy (an ORM step,
         a checkpoint, a step waiting for another process's lock) it waits for it, in arrival
@@ -315,9 +329,46 @@ class Database:
             if conn is None:
                 conn = self._local.conn = self.engine.raw_connection()
                 self._held.append(conn)
-            return self._transaction(conn, fn, write)
+            if self.is_sqlite:  # the inline step found the write lock taken: wait for it here
+                return self._transaction(conn, fn, write)
+            return self._postgres_step(conn, fn, write, autocommit)
 
         return await self.run(step)
+
+    def _postgres_step(
+        self, conn: Any, fn: Callable[[Any], T], write: bool, autocommit: bool
+    ) -> T:
+        """A `fast` step on PostgreSQL in as few round trips as the statements allow.
+
+        A read runs in autocommit: no BEGIN, no COMMIT, one round trip a statement (under READ
+        COMMITTED each statement of a transaction takes a snapshot of its own anyway). A write
+        runs in psycopg's pipeline mode: BEGIN and every statement whose result is not read
+        (an UPDATE, an INSERT without RETURNING, `executemany`) travel with the next statement
+        that is read, and COMMIT waits once: one round trip per result read, plus the commit.
+        (So a write step reads what it needs with RETURNING: `cursor.rowcount` is not known
+        before its result is read.)
+        """
+        driver = conn.driver_connection
+        autocommit = autocommit or not write
+        if driver.autocommit != autocommit:
+            driver.autocommit = autocommit
+        if autocommit:
+            return self._transaction(conn, fn, write)
+        try:
+            with driver.pipeline():
+                cursor = conn.cursor()
+                try:
+                    result = fn(cursor)
+                finally:
+                    cursor.close()
+                conn.commit()
+        except BaseException:
+            conn.rollback()
+            for forget in self._on_rollback:
+                forget()
+            raise
+        self._failure = None
+        return result
 
     def _transaction(self, conn: Any, fn: Callable[[Any], T], write: bool) -> T:
         cursor = conn.cursor()

@@ -165,6 +165,12 @@ INSERT_UNLESS_DUPLICATE = (
 UNHANDLED = _select(
     "messages", MESSAGE_COLUMNS, "session_id = :session_id AND handled = :no ORDER BY id"
 )
+UNHANDLED_OF_KEY = _select(
+    "messages",
+    MESSAGE_COLUMNS,
+    "session_id = (SELECT id FROM sessions WHERE key = :key) AND handled = :no ORDER BY id",
+)
+"""`UNHANDLED` by session key, so it travels with `GET_SESSION` (one round trip for both)."""
 SET_SEQ = "UPDATE messages SET seq = :seq WHERE id = :id"
 SET_HANDLED = (
     # A chat command (`/status`...: gateway/turn/commands.py) stays marked: the model never sees it.
@@ -178,6 +184,18 @@ HISTORY = _select(
     MESSAGE_COLUMNS,
     "session_id = :session_id AND seq IS NOT NULL AND seq > :after ORDER BY seq",
 )
+_SUMMARY_END = (
+    "COALESCE((SELECT last_seq FROM compactions WHERE session_id = :session_id AND undone = :no "
+    "ORDER BY id DESC LIMIT 1), 0)"
+)
+HISTORY_AFTER_SUMMARY = _select(
+    "messages",
+    MESSAGE_COLUMNS,
+    "session_id = :session_id AND seq IS NOT NULL AND seq > CASE WHEN "
+    f"{_SUMMARY_END} = :known_after THEN :known_last ELSE {_SUMMARY_END} END ORDER BY seq",
+)
+"""`HISTORY` after the latest summary (after `known_last` when the summary still ends at
+`known_after`): sent with `LATEST_COMPACTION` without waiting for its answer."""
 _RECORDED = [c for c in TurnRecordRow.model_fields if c != "id"]
 
 
@@ -228,6 +246,48 @@ class HotPath:
         if row is None:
             return None
         return build(SessionRow, self.d.decode(SESSION_COLUMNS, row))
+
+    def session_and_unhandled(
+        self, cursor: Any, key: str
+    ) -> tuple[SessionRow | None, list[MessageRow]]:
+        """`get_session` and its `unhandled` messages, both statements sent before either
+        answer is read (in a PostgreSQL pipeline: one round trip)."""
+        other = cursor.connection.cursor()
+        try:
+            cursor.execute(self.d.sql(GET_SESSION), {"key": key})
+            other.execute(self.d.sql(UNHANDLED_OF_KEY), {"key": key, "no": False})
+            found = cursor.fetchone()
+            rows = other.fetchall()
+        finally:
+            other.close()
+        if found is None:
+            return None, []
+        session = build(SessionRow, self.d.decode(SESSION_COLUMNS, found))
+        return session, [self._message_row(r) for r in rows]
+
+    def summary_and_history(
+        self, cursor: Any, session_id: int, known: tuple[int, int] | None
+    ) -> tuple[CompactionRow | None, int, list[Message]]:
+        """The latest summary, the seq it ends at, and the history after it (after `known`'s
+        last seq when the summary still ends at `known`'s first): both statements are sent
+        before either answer is read (in a PostgreSQL pipeline: one round trip)."""
+        other = cursor.connection.cursor()
+        after, last = known if known is not None else (-1, 0)
+        try:
+            cursor.execute(self.d.sql(LATEST_COMPACTION), {"session_id": session_id, "no": False})
+            other.execute(
+                self.d.sql(HISTORY_AFTER_SUMMARY),
+                {"session_id": session_id, "no": False, "known_after": after, "known_last": last},
+            )
+            found = cursor.fetchone()
+            rows = other.fetchall()
+        finally:
+            other.close()
+        summary = None
+        if found is not None:
+            summary = build(CompactionRow, self.d.decode(COMPACTION_COLUMNS, found))
+        end = summary.last_seq if summary is not None else 0
+        return summary, end, [self._message(r) for r in rows]
 
     def session_id(self, cursor: Any, key: str, create: dict[str, Any] | None) -> int | None:
         found = self._one(cursor, SESSION_ID, {"key": key})

@@ -73,6 +73,7 @@ class Locks:
 
     def __init__(self, database: Database) -> None:
         self._db = database
+        self._releasing: set[asyncio.Future[None]] = set()
 
     @contextlib.asynccontextmanager
     async def session_lock(self, key: str, poll: float = 0.05) -> AsyncIterator[None]:
@@ -98,18 +99,41 @@ class Locks:
         engine = self._db.lock_engine
         if engine is None:
             return None
-        lock = await self._db.run(lambda: AdvisoryLock.connect(engine, lock_id))
+
+        def connect_and_try() -> tuple[AdvisoryLock, bool]:
+            # One thread hop for the connection and the first try (usually the only one).
+            lock = AdvisoryLock.connect(engine, lock_id)
+            try:
+                return lock, lock.try_acquire()
+            except BaseException:
+                lock.release()
+                raise
+
+        first = asyncio.ensure_future(self._db.run(connect_and_try))
+        try:
+            lock, held = await asyncio.shield(first)
+        except asyncio.CancelledError:
+            first.add_done_callback(self._release_when_done)  # cancelled: never keep it
+            raise
         try:
             delay = poll
-            while not await self._db.run(lock.try_acquire):
+            while not held:
                 if not wait:
                     raise LockBusyError(lock_id)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
+                held = await self._db.run(lock.try_acquire)
         except BaseException:
             await asyncio.shield(self._db.run(lock.release))
             raise
         return lock
+
+    def _release_when_done(self, first: asyncio.Future[tuple[AdvisoryLock, bool]]) -> None:
+        if not first.cancelled() and first.exception() is None:
+            lock, _held = first.result()
+            task = asyncio.ensure_future(self._db.run(lock.release))
+            self._releasing.add(task)
+            task.add_done_callback(self._releasing.discard)
 
     async def lock_alive(self, lock: AdvisoryLock) -> bool:
         return await self._db.run(lock.alive)

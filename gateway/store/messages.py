@@ -82,10 +82,7 @@ def read_history(
 ) -> tuple[CompactionRow | None, int, list[Message]]:
     """`summary_and_history` inside a transaction already open on `cursor` (a turn's claim
     reads it in the same step)."""
-    summary = hot.latest_compaction(cursor, session_id)
-    after = summary.last_seq if summary is not None else 0
-    start = known[1] if known is not None and known[0] == after else after
-    return summary, after, hot.history(cursor, session_id, start)
+    return hot.summary_and_history(cursor, session_id, known)
 
 
 class MessageRepository:
@@ -135,10 +132,12 @@ class MessageRepository:
 
         # One session's messages reach the database in the order they arrived: SQLite's single
         # thread keeps that by itself, a PostgreSQL thread pool needs the (FIFO) lock.
+        # Autocommit: the message's INSERT commits by itself (one round trip on PostgreSQL); a
+        # session created first stays, with or without it (a retry finds it).
         async with self._arrival_order(info.key):
             for _attempt in range(3):
                 try:
-                    return await self._db.fast(op, write=True)
+                    return await self._db.fast(op, write=True, autocommit=True)
                 except self._db.integrity_errors:
                     # A concurrent insert of the same platform message (dedupe) or session.
                     continue

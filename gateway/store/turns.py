@@ -115,11 +115,11 @@ class TurnRepository:
         hot = self._db.hot
 
         def op(cursor: Any) -> tuple[SessionRow | None, list[MessageRow], HistoryRead | None]:
-            session = hot.get_session(cursor, key)
+            session, unhandled = hot.session_and_unhandled(cursor, key)
             if session is None or session.id is None:
                 return None, [], None
             single = one_message is not None and one_message(session)
-            claimed = self._claim(cursor, session.id, context_limit(session), single)
+            claimed = self._claim(cursor, session.id, context_limit(session), single, unhandled)
             read = None
             if known is not None and claimed:
                 state = known(session.id)
@@ -129,10 +129,15 @@ class TurnRepository:
         return await self._db.fast(op, write=True)
 
     def _claim(
-        self, cursor: Any, session_id: int, context_limit: int | None, single: bool = False
+        self,
+        cursor: Any,
+        session_id: int,
+        context_limit: int | None,
+        single: bool = False,
+        unhandled: list[MessageRow] | None = None,
     ) -> list[MessageRow]:
         hot = self._db.hot
-        rows = hot.unhandled(cursor, session_id)
+        rows = hot.unhandled(cursor, session_id) if unhandled is None else unhandled
         if single:
             rows = one_turns_worth(rows)
         unplaced = [r for r in rows if r.seq is None]
