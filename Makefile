@@ -60,9 +60,10 @@ postgres-server:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }
 
+# Two workers (pytest-xdist), one per core: most tests wait on sockets and subprocesses.
 pytest: $(STAMP) $(CHROMIUM) postgres-server
-	$(BIN)/python -m pytest
-	GATEHOUSE_TEST_DB=postgres $(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2
+	GATEHOUSE_TEST_DB=postgres $(BIN)/python -m pytest -n 2
 
 test: lint typecheck pytest
 

@@ -9,6 +9,10 @@ from typing import Any
 
 import pytest
 
+# Rich reads COLUMNS when a console is made (the CLI's are made at import): one width for every
+# test, in-process or subprocess, whatever imports the CLI first and however tests are spread.
+os.environ["COLUMNS"] = "200"
+
 from channels.console import ConsoleChannel
 from channels.webchat import WebchatChannel
 from gateway.app import Gateway
