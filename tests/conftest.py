@@ -125,3 +125,13 @@ async def base_url(running: RunningGateway) -> AsyncIterator[str]:
     url = await server.start()
     yield url
     await server.stop()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Captured output may hold lone surrogates (the fuzz tests send them on purpose); escape
+    them so a test worker can send its report to the main process (pytest-xdist needs UTF-8)."""
+    report.sections = [
+        (title, text.encode("utf-8", "backslashreplace").decode("utf-8"))
+        for title, text in report.sections
+    ]
