@@ -53,7 +53,10 @@ async def _start(config: Path, cwd: Path) -> tuple[asyncio.subprocess.Process, s
     )
     assert proc.stdout is not None
     line = (await asyncio.wait_for(proc.stdout.readline(), timeout=60)).decode()
-    assert "listening on" in line, line
+    if "listening on" not in line:  # it stopped: say why
+        assert proc.stderr is not None
+        err = (await asyncio.wait_for(proc.stderr.read(), timeout=10)).decode()
+        raise AssertionError(f"gatehouse run did not start: {line!r}\n{err[-3000:]}")
     return proc, line.rsplit(" ", 1)[-1].strip()
 
 
