@@ -46,6 +46,7 @@ from gateway.config import Config, sync_url
 from gateway.inbound.lanes import LanesClosedError
 from gateway.jobs.host import JobHost
 from gateway.store import SessionInfo
+from gateway.store.schema import create_table_once
 
 log = logging.getLogger(__name__)
 
@@ -383,12 +384,14 @@ class Scheduler:
             return
         fires = host is not None and self.fires_jobs
         self._host = host if fires else None
+        engine = job_store_engine(self.config.database_url)
+        user_store = SQLAlchemyJobStore(engine=engine, tablename=JOBS_TABLE)
+        with engine.begin() as connection:  # not APScheduler's unlocked check-then-create
+            create_table_once(connection, user_store.jobs_t)
         aps = _SerializedScheduler(
             self.write_lock,
             jobstores={
-                USER_STORE: SQLAlchemyJobStore(
-                    engine=job_store_engine(self.config.database_url), tablename=JOBS_TABLE
-                ),
+                USER_STORE: user_store,
                 MAINTENANCE_STORE: MemoryJobStore(),
             },
             executors={"default": _HostExecutor(self)},

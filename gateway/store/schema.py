@@ -15,7 +15,7 @@ from alembic import command
 from alembic.config import Config as AlembicConfig
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect, text
+from sqlalchemy import Table, inspect, text
 from sqlalchemy.engine import Connection
 from sqlmodel import SQLModel
 
@@ -44,6 +44,14 @@ def head_revision() -> str:
 
 def current_revision(connection: Connection) -> str | None:
     return MigrationContext.configure(connection).get_current_revision()
+
+
+def create_table_once(connection: Connection, table: Table) -> None:
+    """Create `table` if it is missing, under the schema-change lock on PostgreSQL: two
+    processes starting at once on a new database must not both try (one would fail)."""
+    if connection.dialect.name == "postgresql":
+        connection.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": _MIGRATION_LOCK})
+    table.create(connection, checkfirst=True)
 
 
 def migrate(connection: Connection) -> str:

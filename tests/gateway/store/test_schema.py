@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
 from pathlib import Path
 
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import create_engine, inspect, text
+from sqlalchemy import Column, Integer, MetaData, Table, create_engine, inspect, text
 from sqlmodel import SQLModel
 
+from gateway.config import sync_url
 from gateway.store import SessionInfo, Store
-from gateway.store.schema import FIRST_REVISION, head_revision
+from gateway.store.schema import FIRST_REVISION, create_table_once, head_revision
+from tests.postgres import ThrowawayPostgres
 
 FIRST_RELEASE_TABLES = ("sessions", "messages", "compactions", "pairings")
 
@@ -77,3 +80,27 @@ async def test_database_from_before_migrations_is_adopted(tmp_path: Path) -> Non
         assert conn.execute("SELECT version_num FROM alembic_version").fetchone()[0] == (
             head_revision()
         )
+
+
+def test_processes_starting_at_once_create_a_table_once(postgres: ThrowawayPostgres) -> None:
+    """APScheduler's own check-then-create races on a new database; ours takes the lock."""
+    engine = create_engine(sync_url(postgres.new_database()))
+    barrier = threading.Barrier(6)
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        table = Table("apscheduler_jobs", MetaData(), Column("id", Integer, primary_key=True))
+        barrier.wait()
+        try:
+            with engine.begin() as connection:
+                create_table_once(connection, table)
+        except BaseException as exc:  # collected: the assertion below names it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    engine.dispose()
+    assert errors == []
