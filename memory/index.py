@@ -65,6 +65,7 @@ from memory.vectors import (
     forget_vectors,
     fuse,
     informative_terms,
+    one_blas_thread,
 )
 from memory.workspace import scan_workspace, split_lines
 
@@ -1050,13 +1051,14 @@ class MemoryIndex:
         if mode == "hybrid":  # on the terms that carry information (see informative_terms)
             searched = informative_terms(self._vectors, conn, tables, terms, expressions)
             bm25 = self._bm25(tables, searched, pool, session_key)[:pool]
-        picked = fuse(
-            self._vectors, conn, [(t, item.rowid, item.tier) for t, item in bm25],
-            tables, query_vector, terms, limit, pool, mode == "hybrid", session_key, mmr_lambda,
-            expressions=expressions,
-            decay=None if half_life_days is None
-            else lambda keys: decay_factors(conn, keys, half_life_days),
-        )
+        with one_blas_thread():
+            picked = fuse(
+                self._vectors, conn, [(t, item.rowid, item.tier) for t, item in bm25],
+                tables, query_vector, terms, limit, pool, mode == "hybrid", session_key,
+                mmr_lambda, expressions=expressions,
+                decay=None if half_life_days is None
+                else lambda keys: decay_factors(conn, keys, half_life_days),
+            )
         return self._hits(
             [(p.table, _Ranked(p.tier, p.score, p.rowid)) for p in picked],
             terms,

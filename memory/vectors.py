@@ -738,30 +738,8 @@ def fuse(
     rank fusion of them with the BM25 list (table, rowid, tier) given best first (hybrid; each
     BM25 hit votes with `bm25_weights`, from the terms' FTS5 `expressions`), exact identifier
     hits first in BM25 order; `decay` (factors per key) multiplies the scores (and orders the
-    identifier hits by them); then MMR unless `mmr_lambda` is None. The products run on one
-    BLAS thread (`one_blas_thread`)."""
-    with one_blas_thread():
-        return _fuse(
-            index, conn, bm25, tables, query, terms, limit, pool, hybrid, session_key,
-            mmr_lambda, expressions, decay,
-        )
-
-
-def _fuse(
-    index: VectorIndex,
-    conn: sqlite3.Connection,
-    bm25: Sequence[tuple[Table, int, int]],
-    tables: Sequence[Table],
-    query: Vectors,
-    terms: Sequence[str],
-    limit: int,
-    pool: int,
-    hybrid: bool,
-    session_key: str | None,
-    mmr_lambda: float | None,
-    expressions: Sequence[str | None],
-    decay: Callable[[Sequence[tuple[Table, int]]], list[float]] | None,
-) -> list[Fused]:
+    identifier hits by them); then MMR unless `mmr_lambda` is None.
+    The caller runs it inside `one_blas_thread()`."""
     near: list[tuple[Table, int, float]] = []
     for table in tables:
         near.extend(
