@@ -25,7 +25,7 @@ from channels.base import (
 from channels.commands import parse_command
 from context.compaction import CompactionResult
 from context.types import Message
-from gateway.config import Config, ReloadPlan, apply_reload, reload_plan
+from gateway.config import Config
 from gateway.inbound.access import AccessPolicy
 from gateway.inbound.attachments import AttachmentIntake
 from gateway.inbound.lanes import LanesClosedError, SessionLanes
@@ -40,6 +40,7 @@ from gateway.model.engines import load_engine
 from gateway.model.llm import NOT_CONFIGURED, LLMProvider
 from gateway.model.sizing import ContextResolver
 from gateway.model.summarizer import make_summary_call, summary_provider
+from gateway.reload import ReloadPlan, apply_reload, reload_plan
 from gateway.store import CompactionRow, SessionInfo, SessionRow, Store
 from gateway.store.faults import storage_faults
 from gateway.store.messages import CONTEXT_STATUS, FETCHING_STATUS

@@ -12,7 +12,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gateway.config import ConfigError, apply_reload, parse_config, reload_plan
+from gateway.config import ConfigError, parse_config
+from gateway.reload import apply_reload, reload_plan
 from tests.helpers.cli import GATEHOUSE, env, run_cli, write_config
 
 UNSET = "GH_TEST_UNSET_VARIABLE"

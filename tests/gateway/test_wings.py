@@ -30,6 +30,7 @@ RANKS: dict[str, int] = {
     "gateway.model": 2,
     "gateway.store": 1,
     "gateway.config": 0,
+    "gateway.reload": 1,
     "gateway.logging_setup": 6,
     # The pure packages sit under every wing: they import nothing from gateway/.
     "context": -1,
