@@ -81,7 +81,7 @@ class EmbeddingProgress:
 class Gateway:
     def __init__(self, config: Config, tools: ToolRegistry | None = None) -> None:
         self.config = config
-        self.store = Store(config.database_url)
+        self.store = Store(config.database_url, threads=config.gateway.database_threads)
         self.keyer = SessionKeyer(config.sessions, config.gateway.agent)
         self.llm = LLMProvider(config.llm)
         self.engine = load_engine(config.context.engine)

@@ -161,6 +161,14 @@ class GatewaySection(_Strict):
         default=None, repr=False, description="Default: sqlite:///<data_dir>/gatehouse.db"
     )
     workspace: Path | None = Field(default=None, description="Default: <data_dir>/workspace")
+    database_threads: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="PostgreSQL: threads running database steps, each waiting for one round "
+        "trip at a time; more help when the server is across a network, and cost CPU in "
+        "contention for Python's GIL (docs/scaling.md)",
+    )
     timezone: str = "UTC"
     agent: str = "main"
     max_concurrent_turns: int = Field(default=8, ge=1, le=1024)

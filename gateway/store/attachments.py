@@ -43,7 +43,7 @@ class AttachmentRepository:
             "fetching": FETCHING_STATUS,
         }
         cursor.execute(d.sql(_COMPLETE), params)
-        # RETURNING, not rowcount: in a PostgreSQL pipeline the count is known once read.
+        # RETURNING: whether the row was still fetching, in the statement that changed it.
         return cursor.fetchone() is not None
 
     async def complete_inbound(self, message_id: int, content: Any) -> bool:

@@ -29,8 +29,8 @@ __all__ = ["Store"]
 class Store:
     """SQLite (WAL) by default, PostgreSQL by URL; same models, same code."""
 
-    def __init__(self, url: str, *, pool_size: int = 8) -> None:
-        self.database = Database(url, pool_size=pool_size)
+    def __init__(self, url: str, *, threads: int = 2) -> None:
+        self.database = Database(url, threads=threads)
         self.url = self.database.url
         self.is_sqlite = self.database.is_sqlite
         self.engine = self.database.engine

@@ -9,7 +9,8 @@ instead of failing half-way. The hot-path steps (`Database.fast`) run right on t
 because handing so short a step to a thread costs more than the step; while that thread is busy
 they wait for it in arrival order, and with the write lock held by another process they go to
 the thread, which waits on the busy timeout instead of the loop.
-PostgreSQL runs every step on a small thread pool (psycopg): its steps wait on the network.
+PostgreSQL runs every step on a small thread pool (psycopg, `[gateway] database_threads`): its
+steps wait on the network.
 
 A step that fails on a storage fault (gateway/store/faults.py) raises a `StorageError` naming
 the database and what to do; the last failure is remembered until a write succeeds again, so
@@ -65,7 +66,7 @@ class Database:
     or `fast` (plain SQL on a driver cursor, see `HotPath`); `run` is the thread hop itself.
     """
 
-    def __init__(self, url: str, *, pool_size: int = 8) -> None:
+    def __init__(self, url: str, *, threads: int = 2) -> None:
         self.url = sync_url(url)
         self.is_sqlite = self.url.startswith("sqlite")
         if self.is_sqlite:
@@ -78,9 +79,9 @@ class Database:
             self.lock_engine: Engine | None = None
         else:
             # Each database thread keeps one connection for the hot path and borrows another
-            # for ORM steps.
+            # for ORM steps (and the scheduler's job store borrows from the same pool).
             self.engine = create_engine(
-                self.url, pool_size=2 * pool_size, max_overflow=4, pool_pre_ping=True
+                self.url, pool_size=2 * threads + 2, max_overflow=4, pool_pre_ping=True
             )
             event.listen(self.engine, "connect", _postgres_utc)
             # Advisory locks live as long as the backend connection holding them: one
@@ -92,7 +93,7 @@ class Database:
             self.lock_engine = create_engine(
                 self.url, isolation_level="AUTOCOMMIT", pool_size=LOCK_POOL, max_overflow=256
             )
-            workers = pool_size
+            workers = threads
         configure_mappers()  # rows built with model_construct need configured mappers
         self.hot = HotPath(Dialect(sqlite=self.is_sqlite))
         """The per-message statements in this database's SQL dialect."""
@@ -338,37 +339,21 @@ class Database:
     def _postgres_step(
         self, conn: Any, fn: Callable[[Any], T], write: bool, autocommit: bool
     ) -> T:
-        """A `fast` step on PostgreSQL in as few round trips as the statements allow.
+        """A `fast` step on PostgreSQL: a read, or a write marked `autocommit`, runs in
+        autocommit (no BEGIN, no COMMIT: one round trip a statement; under READ COMMITTED
+        each statement of a transaction takes a snapshot of its own anyway); any other write
+        is one transaction.
 
-        A read runs in autocommit: no BEGIN, no COMMIT, one round trip a statement (under READ
-        COMMITTED each statement of a transaction takes a snapshot of its own anyway). A write
-        runs in psycopg's pipeline mode: BEGIN and every statement whose result is not read
-        (an UPDATE, an INSERT without RETURNING, `executemany`) travel with the next statement
-        that is read, and COMMIT waits once: one round trip per result read, plus the commit.
-        (So a write step reads what it needs with RETURNING: `cursor.rowcount` is not known
-        before its result is read.)
+        Not psycopg's pipeline mode, although it sends BEGIN and unread statements with the
+        next one: its Python side costs more CPU than the round trips it saves on a local
+        network (measured in docs/scaling.md: a SELECT and COMMIT 124 µs of client CPU plain,
+        237 µs in a pipeline), and the gateway's throughput is bounded by its CPU.
         """
         driver = conn.driver_connection
         autocommit = autocommit or not write
         if driver.autocommit != autocommit:
             driver.autocommit = autocommit
-        if autocommit:
-            return self._transaction(conn, fn, write)
-        try:
-            with driver.pipeline():
-                cursor = conn.cursor()
-                try:
-                    result = fn(cursor)
-                finally:
-                    cursor.close()
-                conn.commit()
-        except BaseException:
-            conn.rollback()
-            for forget in self._on_rollback:
-                forget()
-            raise
-        self._failure = None
-        return result
+        return self._transaction(conn, fn, write)
 
     def _transaction(self, conn: Any, fn: Callable[[Any], T], write: bool) -> T:
         cursor = conn.cursor()

@@ -170,7 +170,7 @@ UNHANDLED_OF_KEY = _select(
     MESSAGE_COLUMNS,
     "session_id = (SELECT id FROM sessions WHERE key = :key) AND handled = :no ORDER BY id",
 )
-"""`UNHANDLED` by session key, so it travels with `GET_SESSION` (one round trip for both)."""
+"""`UNHANDLED` by session key: it needs no answer of `GET_SESSION`'s."""
 SET_SEQ = "UPDATE messages SET seq = :seq WHERE id = :id"
 SET_HANDLED = (
     # A chat command (`/status`...: gateway/turn/commands.py) stays marked: the model never sees it.
@@ -195,7 +195,7 @@ HISTORY_AFTER_SUMMARY = _select(
     f"{_SUMMARY_END} = :known_after THEN :known_last ELSE {_SUMMARY_END} END ORDER BY seq",
 )
 """`HISTORY` after the latest summary (after `known_last` when the summary still ends at
-`known_after`): sent with `LATEST_COMPACTION` without waiting for its answer."""
+`known_after`): it needs no answer of `LATEST_COMPACTION`'s."""
 _RECORDED = [c for c in TurnRecordRow.model_fields if c != "id"]
 
 
@@ -231,11 +231,37 @@ LATEST_COMPACTION = _select(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class TurnEnd:
+    """What a finished turn writes (see `HotPath.end_turn`)."""
+
+    session_id: int
+    reply: dict[str, Any]
+    """The reply's row values (`reply_values`; its seq is allocated by the write)."""
+    usage: dict[str, Any]
+    """`finish_turn`'s keyword arguments: tokens, error, token ratio."""
+    handled: list[int]
+    tokens: dict[int, int]
+    """Token counts by message id: of handled messages, and of history counted the first
+    time."""
+    outbound: OutboundMessage | None = None
+    record: TurnRecordRow | None = None
+
+
 class HotPath:
     """The per-message statements, run inside a transaction the store opened on `cursor`."""
 
     def __init__(self, dialect: Dialect) -> None:
         self.d = dialect
+
+    def _each(self, cursor: Any, statement: str, params: list[dict[str, Any]]) -> None:
+        """`statement` once per parameter set. One set (a turn answering one message, the
+        usual case) is a plain execute: psycopg runs `executemany` in pipeline mode, whose
+        Python side costs more than the statement."""
+        if len(params) == 1:
+            cursor.execute(self.d.sql(statement), params[0])
+        elif params:
+            cursor.executemany(self.d.sql(statement), params)
 
     def _one(self, cursor: Any, statement: str, params: dict[str, Any]) -> Any:
         cursor.execute(self.d.sql(statement), params)
@@ -250,16 +276,11 @@ class HotPath:
     def session_and_unhandled(
         self, cursor: Any, key: str
     ) -> tuple[SessionRow | None, list[MessageRow]]:
-        """`get_session` and its `unhandled` messages, both statements sent before either
-        answer is read (in a PostgreSQL pipeline: one round trip)."""
-        other = cursor.connection.cursor()
-        try:
-            cursor.execute(self.d.sql(GET_SESSION), {"key": key})
-            other.execute(self.d.sql(UNHANDLED_OF_KEY), {"key": key, "no": False})
-            found = cursor.fetchone()
-            rows = other.fetchall()
-        finally:
-            other.close()
+        """`get_session` and its `unhandled` messages (by key: neither waits for the other's
+        answer to be built)."""
+        found = self._one(cursor, GET_SESSION, {"key": key})
+        cursor.execute(self.d.sql(UNHANDLED_OF_KEY), {"key": key, "no": False})
+        rows = cursor.fetchall()
         if found is None:
             return None, []
         session = build(SessionRow, self.d.decode(SESSION_COLUMNS, found))
@@ -269,20 +290,16 @@ class HotPath:
         self, cursor: Any, session_id: int, known: tuple[int, int] | None
     ) -> tuple[CompactionRow | None, int, list[Message]]:
         """The latest summary, the seq it ends at, and the history after it (after `known`'s
-        last seq when the summary still ends at `known`'s first): both statements are sent
-        before either answer is read (in a PostgreSQL pipeline: one round trip)."""
-        other = cursor.connection.cursor()
+        last seq when the summary still ends at `known`'s first)."""
         after, last = known if known is not None else (-1, 0)
-        try:
-            cursor.execute(self.d.sql(LATEST_COMPACTION), {"session_id": session_id, "no": False})
-            other.execute(
-                self.d.sql(HISTORY_AFTER_SUMMARY),
-                {"session_id": session_id, "no": False, "known_after": after, "known_last": last},
-            )
-            found = cursor.fetchone()
-            rows = other.fetchall()
-        finally:
-            other.close()
+        found = self._one(
+            cursor, LATEST_COMPACTION, {"session_id": session_id, "no": False}
+        )
+        cursor.execute(
+            self.d.sql(HISTORY_AFTER_SUMMARY),
+            {"session_id": session_id, "no": False, "known_after": after, "known_last": last},
+        )
+        rows = cursor.fetchall()
         summary = None
         if found is not None:
             summary = build(CompactionRow, self.d.decode(COMPACTION_COLUMNS, found))
@@ -341,9 +358,7 @@ class HotPath:
         return [self._message_row(r) for r in cursor.fetchall()]
 
     def set_seqs(self, cursor: Any, seqs: Iterable[tuple[int, int]]) -> None:
-        params = [{"id": i, "seq": s} for i, s in seqs]
-        if params:
-            cursor.executemany(self.d.sql(SET_SEQ), params)
+        self._each(cursor, SET_SEQ, [{"id": i, "seq": s} for i, s in seqs])
 
     def mark_handled(
         self,
@@ -356,13 +371,10 @@ class HotPath:
         there (one statement a message instead of two)."""
         counts = tokens or {}
         params = [{"id": i, "yes": True, "status": status, "tokens": counts.get(i)} for i in ids]
-        if params:
-            cursor.executemany(self.d.sql(SET_HANDLED), params)
+        self._each(cursor, SET_HANDLED, params)
 
     def set_tokens(self, cursor: Any, counts: dict[int, int]) -> None:
-        params = [{"id": i, "tokens": t} for i, t in counts.items()]
-        if params:
-            cursor.executemany(self.d.sql(SET_TOKENS), params)
+        self._each(cursor, SET_TOKENS, [{"id": i, "tokens": t} for i, t in counts.items()])
 
     def insert_turn_record(
         self, cursor: Any, record: TurnRecordRow, session_id: int, reply_seq: int
@@ -373,7 +385,13 @@ class HotPath:
         cursor.execute(self.d.sql(INSERT_TURN_RECORD), params)
 
     def insert_outbox(self, cursor: Any, session_id: int, message: OutboundMessage) -> int:
-        params = {
+        params = self._outbox_values(session_id, message)
+        params["answers"] = self.d.dump_json(params["answers"])
+        params["created_at"] = self.d.dump_time(params["created_at"])
+        return int(self._one(cursor, INSERT_OUTBOX, params)[0])
+
+    def _outbox_values(self, session_id: int, message: OutboundMessage) -> dict[str, Any]:
+        return {
             "session_id": session_id,
             "session_key": message.session_key,
             "platform": message.platform,
@@ -381,16 +399,15 @@ class HotPath:
             "thread_id": message.thread_id,
             "account": message.account,
             "reply_to": message.reply_to,
-            "answers": self.d.dump_json(list(message.answers)),
+            "answers": list(message.answers),
             "text": message.text,
-            "created_at": self.d.dump_time(utcnow()),
+            "created_at": utcnow(),
             "attempts": 0,
             "sent_parts": message.sent_parts,
             "preview_id": message.preview_id,
             "last_error": None,
             "given_up_at": None,
         }
-        return int(self._one(cursor, INSERT_OUTBOX, params)[0])
 
     def finish_turn(
         self,
@@ -406,7 +423,29 @@ class HotPath:
     ) -> int:
         """The reply's seq (allocated atomically) and the turn's usage counters and outcome, in
         one statement on the session row; unknown usage leaves the counters alone."""
-        params = {
+        params = self._finish_params(
+            session_id,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            error=error,
+            token_ratio=token_ratio,
+            token_ratio_samples=token_ratio_samples,
+            cached_tokens=cached_tokens,
+        )
+        return int(self._one(cursor, FINISH_TURN, params)[0]) - 1
+
+    def _finish_params(
+        self,
+        session_id: int,
+        *,
+        prompt_tokens: int | None,
+        completion_tokens: int | None,
+        error: str | None,
+        token_ratio: float | None,
+        token_ratio_samples: int | None = None,
+        cached_tokens: int | None = None,
+    ) -> dict[str, Any]:
+        return {
             "id": session_id,
             "now": self.d.dump_time(utcnow()),
             "error": error,
@@ -416,7 +455,74 @@ class HotPath:
             "completion": completion_tokens,
             "cached": cached_tokens,
         }
-        return int(self._one(cursor, FINISH_TURN, params)[0]) - 1
+
+    def end_turn(self, cursor: Any, end: TurnEnd) -> tuple[int, int | None]:
+        """Everything a finished turn writes: the session's counters and the reply's seq
+        (`finish_turn`), the reply, its outbox row, the turn record, the handled marks and
+        token counts; returns the reply's seq and the outbox id (None without `outbound`).
+
+        SQLite: statement by statement, in the transaction the store opened. PostgreSQL: one
+        statement (data-modifying CTEs), atomic on its own in autocommit: one round trip where
+        the statements and a transaction's BEGIN and COMMIT were seven or more."""
+        if self.d.sqlite:
+            seq = self.finish_turn(cursor, end.session_id, **end.usage)
+            self.insert_message_only(cursor, {**end.reply, "seq": seq})
+            outbox_id = None
+            if end.outbound is not None:
+                outbox_id = self.insert_outbox(cursor, end.session_id, end.outbound)
+            if end.record is not None:
+                self.insert_turn_record(cursor, end.record, end.session_id, seq)
+            handled = set(end.handled)
+            self.mark_handled(cursor, end.handled, None, end.tokens)
+            self.set_tokens(cursor, {i: t for i, t in end.tokens.items() if i not in handled})
+            return seq, outbox_id
+        statement, params = self._end_turn_statement(end)
+        cursor.execute(statement, params)
+        seq, outbox_id = cursor.fetchone()
+        return int(seq), None if outbox_id is None else int(outbox_id)
+
+    def _end_turn_statement(self, end: TurnEnd) -> tuple[str, dict[str, Any]]:
+        """`end_turn` on PostgreSQL: every write a CTE of one statement. The reply's seq comes
+        from the session's UPDATE (`s`); the CTEs touch disjoint rows, as they must. Each new
+        row travels as one JSON parameter (`json_populate_record`): few parameters and a short
+        text keep psycopg's query cache and prepared statement in use."""
+        params = self._finish_params(end.session_id, **end.usage)
+        seq = "(SELECT next_seq - 1 FROM s)"
+        parts = [f"s AS ({_pyformat(FINISH_TURN)})"]
+        reply = self._message_values({**end.reply, "seq": None})
+        params["m"] = _json_row(reply)
+        parts.append(f"m AS ({_insert_from_json('messages', _INSERTED, 'm', {'seq': seq})})")
+        outbox = "NULL"
+        if end.outbound is not None:
+            params["o"] = _json_row(self._outbox_values(end.session_id, end.outbound))
+            parts.append(f"o AS ({_insert_from_json('outbox', _OUTBOX, 'o')} RETURNING id)")
+            outbox = "(SELECT id FROM o)"
+        if end.record is not None:
+            record = {c: getattr(end.record, c) for c in _RECORDED}
+            params["t"] = _json_row({**record, "session_id": end.session_id})
+            parts.append(
+                f"t AS ({_insert_from_json('turn_records', _RECORDED, 't', {'reply_seq': seq})})"
+            )
+        handled = list(dict.fromkeys(end.handled))
+        if handled:
+            params["h_ids"] = handled
+            params["h_tokens"] = [end.tokens.get(i) for i in handled]
+            parts.append(
+                "h AS (UPDATE messages SET handled = true, "
+                "status = CASE WHEN messages.status = 'command' THEN messages.status ELSE NULL END, "
+                "tokens = COALESCE(v.tokens, messages.tokens) "
+                "FROM unnest(%(h_ids)s::bigint[], %(h_tokens)s::bigint[]) AS v(id, tokens) "
+                "WHERE messages.id = v.id)"
+            )
+        earlier = {i: t for i, t in end.tokens.items() if i not in set(handled)}
+        if earlier:
+            params["k_ids"], params["k_tokens"] = list(earlier), list(earlier.values())
+            parts.append(
+                "k AS (UPDATE messages SET tokens = v.tokens "
+                "FROM unnest(%(k_ids)s::bigint[], %(k_tokens)s::bigint[]) AS v(id, tokens) "
+                "WHERE messages.id = v.id)"
+            )
+        return f"WITH {', '.join(parts)} SELECT next_seq - 1, {outbox} FROM s", params
 
     def history(self, cursor: Any, session_id: int, after_seq: int) -> list[Message]:
         cursor.execute(self.d.sql(HISTORY), {"session_id": session_id, "after": after_seq})
@@ -465,3 +571,27 @@ def message_meta(
         aware = created_at if created_at.tzinfo is not None else created_at.replace(tzinfo=UTC)
         meta["created_at"] = aware.astimezone(UTC).isoformat()
     return meta
+
+
+def _json_row(values: dict[str, Any]) -> str:
+    """A row's values as one JSON object for `json_populate_record` (times in ISO 8601)."""
+    return json.dumps(values, default=_iso, separators=(",", ":"))
+
+
+def _iso(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _insert_from_json(
+    table: str, columns: Sequence[str], param: str, computed: dict[str, str] | None = None
+) -> str:
+    """PostgreSQL: INSERT one row of `table` from the JSON object in `param`; a column in
+    `computed` takes that SQL expression instead."""
+    given = computed or {}
+    picked = ", ".join(given.get(c, f"r.{_quoted(c)}") for c in columns)
+    return (
+        f"INSERT INTO {table} ({', '.join(map(_quoted, columns))}) SELECT {picked} "
+        f"FROM json_populate_record(NULL::{table}, %({param})s::json) AS r"
+    )

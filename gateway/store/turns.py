@@ -20,6 +20,7 @@ from sqlmodel import Session, col, select
 from channels.base import OutboundMessage
 from context.types import Message
 from gateway.store.engine import Database
+from gateway.store.hot import TurnEnd
 from gateway.store.messages import CONTEXT_STATUS, HistoryRead, Known, read_history, reply_values
 from gateway.store.models import MessageRow, SessionRow, TurnRecordRow, utcnow
 
@@ -211,35 +212,28 @@ class TurnRepository:
         `outbound`, the reply also enters the outbox in the same transaction; the returned
         outbox id goes to `gateway.turn.outbox.DeliveryLog` once the channel sent it.
         """
-        ids = list(handled_ids)
         hot = self._db.hot
-
-        def op(cursor: Any) -> int | None:
-            seq = hot.finish_turn(
-                cursor,
-                session_id,
-                prompt_tokens=usage.prompt_tokens,
-                completion_tokens=usage.completion_tokens,
-                error=error,
-                token_ratio=token_ratio,
-                token_ratio_samples=token_ratio_samples,
-                cached_tokens=usage.cached_tokens,
-            )
-            hot.insert_message_only(cursor, reply_values(session_id, seq, reply, reply_status))
-            outbox_id = None
-            if outbound is not None:
-                outbox_id = hot.insert_outbox(cursor, session_id, outbound)
-            if record is not None:
-                hot.insert_turn_record(cursor, record, session_id, seq)
-            counts = token_counts or {}
-            hot.mark_handled(cursor, ids, None, counts)
-            handled = set(ids)
-            earlier = {i: t for i, t in counts.items() if i not in handled}
-            if earlier:  # history messages counted for the first time
-                hot.set_tokens(cursor, earlier)
-            return outbox_id
-
-        return await self._db.fast(op, write=True)
+        end = TurnEnd(
+            session_id=session_id,
+            reply=reply_values(session_id, 0, reply, reply_status),
+            usage={
+                "prompt_tokens": usage.prompt_tokens,
+                "completion_tokens": usage.completion_tokens,
+                "error": error,
+                "token_ratio": token_ratio,
+                "token_ratio_samples": token_ratio_samples,
+                "cached_tokens": usage.cached_tokens,
+            },
+            handled=list(handled_ids),
+            tokens=dict(token_counts or {}),
+            outbound=outbound,
+            record=record,
+        )
+        # One statement on PostgreSQL (`HotPath.end_turn`): atomic in autocommit.
+        _seq, outbox_id = await self._db.fast(
+            lambda cursor: hot.end_turn(cursor, end), write=True, autocommit=True
+        )
+        return outbox_id
 
     async def sessions_with_pending(self, older_than: float | None = None) -> list[SessionRow]:
         """Sessions with inbound messages no turn has answered yet (e.g. after a crash).

@@ -9,11 +9,14 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from sqlmodel import select
 
 from channels.base import OutboundMessage
-from context.types import ToolCall
+from context.types import Message, ToolCall
 from gateway.store import CompactionRow, SessionRow, Store, TurnRecordRow
-from gateway.store.hot import Dialect, HotPath, build, message_meta
+from gateway.store.hot import Dialect, HotPath, TurnEnd, build, message_meta
+from gateway.store.messages import reply_values
+from gateway.store.models import MessageRow
 
 NOON = datetime(2024, 5, 1, 12, 0, 0, 123456, tzinfo=UTC)
 
@@ -261,3 +264,93 @@ async def test_the_latest_compaction_skips_undone_ones(raw: Raw) -> None:
     raw.commit()
     latest = raw.hot.latest_compaction(raw.cursor, session_id)
     assert latest is not None and latest.last_seq == 4
+
+
+async def _rows(raw: Raw, session_id: int) -> list[MessageRow]:
+    """The session's message rows through the ORM."""
+    stmt = select(MessageRow).where(MessageRow.session_id == session_id)
+    return await raw.store.database.read(lambda db: list(db.exec(stmt).all()))
+
+
+class CountingCursor:
+    """A driver cursor that counts the statements sent through it."""
+
+    def __init__(self, cursor: Any) -> None:
+        self.cursor, self.statements = cursor, 0
+
+    def execute(self, *args: Any) -> Any:
+        self.statements += 1
+        return self.cursor.execute(*args)
+
+    def executemany(self, *args: Any) -> Any:
+        self.statements += 1
+        return self.cursor.executemany(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.cursor, name)
+
+
+async def test_a_turns_end_writes_everything_in_one_statement_on_postgres(raw: Raw) -> None:
+    session_id = raw.session()
+    assert raw.hot.allocate_seqs(raw.cursor, session_id, 2) == 1
+    ask = raw.hot.insert_message(raw.cursor, {**raw.inbound(session_id, "hi", "m1"), "seq": 1})
+    command = raw.hot.insert_message(raw.cursor, {
+        **raw.inbound(session_id, "/status", "m2"), "seq": 2, "status": "command",
+    })
+    older = raw.hot.insert_message(raw.cursor, {**raw.inbound(session_id, "old", "m0")})
+    assert ask.id and command.id and older.id
+    call = ToolCall(id="call_1", name="current_time", arguments="{}")
+    end = TurnEnd(
+        session_id=session_id,
+        reply=reply_values(session_id, 0, Message(
+            role="assistant", content="done ✓", tool_calls=(call,), tokens=7,
+        ), None),
+        usage={"prompt_tokens": 90, "completion_tokens": 7, "error": None, "token_ratio": 1.1,
+               "cached_tokens": 64},
+        handled=[ask.id, command.id],
+        tokens={ask.id: 3, older.id: 11},
+        outbound=OutboundMessage(platform="telegram", chat_id="42", text="done ✓",
+                                 session_key="k", answers=("m1",)),
+        record=TurnRecordRow(session_id=0, prompt_tokens=90, window=8000, seconds=0.5,
+                             created_at=NOON),
+    )
+    counting = CountingCursor(raw.cursor)
+    seq, outbox_id = raw.hot.end_turn(counting, end)
+    raw.commit()
+    assert counting.statements == (1 if not raw.store.is_sqlite else 6)
+    assert seq == 3
+    history = await raw.store.history(session_id)
+    reply = history[-1]
+    assert (reply.seq, reply.role, reply.content, reply.tool_calls, reply.tokens) == (
+        3, "assistant", "done ✓", (call,), 7,
+    )
+    session = raw.hot.get_session(raw.cursor, "k")
+    assert session is not None
+    assert (session.turns, session.tokens_in, session.tokens_cached, session.next_seq) == (
+        1, 90, 64, 4,
+    )
+    assert outbox_id is not None
+    assert await raw.store.undelivered() == [(outbox_id, end.outbound)]
+    [record] = await raw.store.turn_records(session_id)
+    assert (record.reply_seq, record.window, record.seconds, record.created_at) == (
+        3, 8000, 0.5, NOON,
+    )
+    rows = {r.id: r for r in await _rows(raw, session_id)}
+    assert (rows[ask.id].handled, rows[ask.id].status, rows[ask.id].tokens) == (True, None, 3)
+    assert (rows[command.id].handled, rows[command.id].status) == (True, "command")
+    assert (rows[older.id].handled, rows[older.id].tokens) == (False, 11)
+
+
+async def test_a_turns_end_without_outbox_or_record(raw: Raw) -> None:
+    session_id = raw.session()
+    end = TurnEnd(
+        session_id=session_id,
+        reply=reply_values(session_id, 0, Message(role="assistant", content="ok"), "error"),
+        usage={"prompt_tokens": None, "completion_tokens": None, "error": "boom",
+               "token_ratio": None},
+        handled=[], tokens={},
+    )
+    assert raw.hot.end_turn(raw.cursor, end) == (1, None)
+    raw.commit()
+    [row] = await _rows(raw, session_id)
+    assert (row.seq, row.status, row.content) == (1, "error", "ok")
