@@ -151,6 +151,13 @@ ALLOCATE_SEQS = (
     "UPDATE sessions SET next_seq = next_seq + :count, updated_at = :now WHERE id = :id "
     "RETURNING next_seq"
 )
+PLACE = (
+    f"WITH a AS ({ALLOCATE_SEQS} - :count AS first), "
+    "p AS (UPDATE messages SET seq = (SELECT first FROM a) + v.n - 1 "
+    "FROM unnest(CAST(:ids AS bigint[])) WITH ORDINALITY AS v(id, n) WHERE messages.id = v.id) "
+    "SELECT first FROM a"
+)
+"""PostgreSQL: `ALLOCATE_SEQS` and the messages' seqs in one statement (`HotPath.place`)."""
 _INSERTED = [c for c in MESSAGE_COLUMNS if c != "id"]
 _INSERT_MESSAGE = (
     f"INSERT INTO messages ({', '.join(_INSERTED)}) "
@@ -319,6 +326,18 @@ class HotPath:
         """Reserve `count` consecutive seqs atomically (safe across processes); the first."""
         params = {"count": count, "now": self.d.dump_time(utcnow()), "id": session_id}
         return int(self._one(cursor, ALLOCATE_SEQS, params)[0]) - count
+
+    def place(self, cursor: Any, session_id: int, ids: Sequence[int]) -> int:
+        """Give the stored messages `ids` the next seqs of their session, in that order; the
+        first. PostgreSQL: one statement (atomic in autocommit); SQLite: `allocate_seqs` and
+        `set_seqs` in the store's transaction."""
+        if self.d.sqlite:
+            first = self.allocate_seqs(cursor, session_id, len(ids))
+            self.set_seqs(cursor, ((i, first + n) for n, i in enumerate(ids)))
+            return first
+        now = self.d.dump_time(utcnow())
+        params = {"count": len(ids), "now": now, "id": session_id, "ids": list(ids)}
+        return int(self._one(cursor, PLACE, params)[0])
 
     def insert_message(self, cursor: Any, values: dict[str, Any]) -> MessageRow:
         row = self._insert(cursor, values, INSERT_MESSAGE)

@@ -20,7 +20,7 @@ from sqlmodel import Session, col, select
 from channels.base import OutboundMessage
 from context.types import Message
 from gateway.store.engine import Database
-from gateway.store.hot import TurnEnd
+from gateway.store.hot import HotPath, TurnEnd
 from gateway.store.messages import CONTEXT_STATUS, HistoryRead, Known, read_history, reply_values
 from gateway.store.models import MessageRow, SessionRow, TurnRecordRow, utcnow
 
@@ -46,6 +46,15 @@ def _awaiting_answer() -> tuple[Any, ...]:
 def _new_ask(row: MessageRow) -> bool:
     """An inbound message no turn has placed yet, other than group context."""
     return row.seq is None and row.status != CONTEXT_STATUS
+
+
+def _place(hot: HotPath, cursor: Any, session_id: int, rows: list[MessageRow]) -> None:
+    """Give `rows` (stored, not yet placed) the session's next seqs, in their order."""
+    ids = [r.id for r in rows if r.id is not None]
+    if ids:
+        first = hot.place(cursor, session_id, ids)
+        for n, row in enumerate(r for r in rows if r.id is not None):
+            row.seq = first + n
 
 
 def one_turns_worth(rows: list[MessageRow]) -> list[MessageRow]:
@@ -97,7 +106,9 @@ class TurnRepository:
         """
 
         return await self._db.fast(
-            lambda cursor: self._claim(cursor, session_id, context_limit), write=True
+            lambda cursor: self._claim(cursor, session_id, context_limit),
+            write=True,
+            autocommit=True,
         )
 
     async def claim_turn(
@@ -127,7 +138,10 @@ class TurnRepository:
                 read = HistoryRead(state, *read_history(hot, cursor, session.id, state))
             return session, claimed, read
 
-        return await self._db.fast(op, write=True)
+        # Autocommit (PostgreSQL): the reads take a snapshot each anyway, and the one write that
+        # must be atomic, placing the messages, is one statement (`HotPath.place`); a turn that
+        # stops after it finds them placed and resumes them (`one_turns_worth`).
+        return await self._db.fast(op, write=True, autocommit=True)
 
     def _claim(
         self,
@@ -149,11 +163,7 @@ class TurnRepository:
             gone = {id(r) for r in expired}
             unplaced = [r for r in unplaced if id(r) not in gone]
             rows = [r for r in rows if id(r) not in gone]
-        if unplaced:
-            first = hot.allocate_seqs(cursor, session_id, len(unplaced))
-            for i, row in enumerate(unplaced):
-                row.seq = first + i
-            hot.set_seqs(cursor, ((r.id, r.seq) for r in unplaced if r.id and r.seq))
+        _place(hot, cursor, session_id, unplaced)
         return sorted(rows, key=lambda r: r.seq or 0)
 
     async def arrivals(self, session_id: int) -> list[MessageRow]:
@@ -181,14 +191,10 @@ class TurnRepository:
         def op(cursor: Any) -> list[MessageRow]:
             waiting = [r for r in hot.unhandled(cursor, session_id) if r.seq is None]
             taken = steerable_prefix(waiting, joins)
-            if taken:
-                first = hot.allocate_seqs(cursor, session_id, len(taken))
-                for i, row in enumerate(taken):
-                    row.seq = first + i
-                hot.set_seqs(cursor, ((r.id, r.seq) for r in taken if r.id and r.seq))
+            _place(hot, cursor, session_id, taken)
             return taken
 
-        return await self._db.fast(op, write=True)
+        return await self._db.fast(op, write=True, autocommit=True)
 
     async def finish_turn(
         self,

@@ -354,3 +354,21 @@ async def test_a_turns_end_without_outbox_or_record(raw: Raw) -> None:
     raw.commit()
     [row] = await _rows(raw, session_id)
     assert (row.seq, row.status, row.content) == (1, "error", "ok")
+
+
+async def test_placing_messages_gives_them_the_next_seqs_in_order(raw: Raw) -> None:
+    session_id = raw.session()
+    ids = []
+    for n in range(3):
+        row = raw.hot.insert_message(raw.cursor, raw.inbound(session_id, f"m{n}", f"p{n}"))
+        assert row.id is not None
+        ids.append(row.id)
+    assert raw.hot.allocate_seqs(raw.cursor, session_id, 1) == 1  # a seq taken before
+    counting = CountingCursor(raw.cursor)
+    assert raw.hot.place(counting, session_id, [ids[2], ids[0]]) == 2
+    assert counting.statements == (1 if not raw.store.is_sqlite else 2)
+    raw.commit()
+    rows = {r.id: r.seq for r in await _rows(raw, session_id)}
+    assert rows == {ids[2]: 2, ids[0]: 3, ids[1]: None}
+    session = raw.hot.get_session(raw.cursor, "k")
+    assert session is not None and session.next_seq == 4

@@ -98,4 +98,5 @@ async def test_a_message_costs_a_bounded_number_of_round_trips(
             per_message = (proxy.count - before) / MESSAGES
         finally:
             await gateway.stop()
+    print(f"ROUNDTRIPS {per_message:.1f}")
     assert per_message <= ROUND_TRIPS_PER_MESSAGE, f"{per_message:.1f} round trips a message"
