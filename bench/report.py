@@ -421,7 +421,7 @@ def rows_prompt_cache(r: dict[str, Any]) -> list[Row]:
 
 
 def rows_scale(r: list[dict[str, Any]]) -> list[Row]:
-    sqlite = r[0]
+    sqlite, one_pg = r[0], r[1]
     rows: list[Row] = []
     for x in r[1:]:
         name = f"Scale-out, {x['messages']:,} messages"
@@ -430,6 +430,12 @@ def rows_scale(r: list[dict[str, Any]]) -> list[Row]:
             f"{x['msgs_per_s']:,}", f"{sqlite['msgs_per_s']:,}", "1 process on SQLite",
             f"×{x['vs_sqlite']:.2f}",
         ))
+        if x is not one_pg:
+            rows.append((
+                name, f"msgs/s, {x['processes']} processes on PostgreSQL",
+                f"{x['msgs_per_s']:,}", f"{one_pg['msgs_per_s']:,}", "1 process on PostgreSQL",
+                f"×{x['msgs_per_s'] / one_pg['msgs_per_s']:.2f}",
+            ))
     return rows
 
 
