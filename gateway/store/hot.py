@@ -172,12 +172,14 @@ INSERT_UNLESS_DUPLICATE = (
 UNHANDLED = _select(
     "messages", MESSAGE_COLUMNS, "session_id = :session_id AND handled = :no ORDER BY id"
 )
-UNHANDLED_OF_KEY = _select(
-    "messages",
-    MESSAGE_COLUMNS,
-    "session_id = (SELECT id FROM sessions WHERE key = :key) AND handled = :no ORDER BY id",
+SESSION_AND_UNHANDLED = (
+    f"SELECT {', '.join('s.' + c for c in SESSION_COLUMNS)}, "
+    f"{', '.join('m.' + c for c in MESSAGE_COLUMNS)} FROM sessions AS s "
+    "LEFT JOIN messages AS m ON m.session_id = s.id AND m.handled = :no "
+    "WHERE s.key = :key ORDER BY m.id"
 )
-"""`UNHANDLED` by session key: it needs no answer of `GET_SESSION`'s."""
+"""`GET_SESSION` and `UNHANDLED` in one statement: a row per unanswered message (the session's
+columns repeated), or one with the message's columns NULL when none waits."""
 SET_SEQ = "UPDATE messages SET seq = :seq WHERE id = :id"
 SET_HANDLED = (
     # A chat command (`/status`...: gateway/turn/commands.py) stays marked: the model never sees it.
@@ -283,15 +285,14 @@ class HotPath:
     def session_and_unhandled(
         self, cursor: Any, key: str
     ) -> tuple[SessionRow | None, list[MessageRow]]:
-        """`get_session` and its `unhandled` messages (by key: neither waits for the other's
-        answer to be built)."""
-        found = self._one(cursor, GET_SESSION, {"key": key})
-        cursor.execute(self.d.sql(UNHANDLED_OF_KEY), {"key": key, "no": False})
+        """`get_session` and its `unhandled` messages, in one statement."""
+        cursor.execute(self.d.sql(SESSION_AND_UNHANDLED), {"key": key, "no": False})
         rows = cursor.fetchall()
-        if found is None:
+        if not rows:
             return None, []
-        session = build(SessionRow, self.d.decode(SESSION_COLUMNS, found))
-        return session, [self._message_row(r) for r in rows]
+        split = len(SESSION_COLUMNS)
+        session = build(SessionRow, self.d.decode(SESSION_COLUMNS, rows[0][:split]))
+        return session, [self._message_row(r[split:]) for r in rows if r[split] is not None]
 
     def summary_and_history(
         self, cursor: Any, session_id: int, known: tuple[int, int] | None

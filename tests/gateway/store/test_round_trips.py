@@ -23,11 +23,11 @@ from tests.conftest import MakeConfig, RunningGateway, on_postgres
 from tests.fakes.openai_server import FakeOpenAI
 
 MESSAGES = 8
-ROUND_TRIPS_PER_MESSAGE = 12
-"""Measured 11.0 (25.6 before issue 24: BEGIN and COMMIT each a round trip of their own, every
-statement one, a pool pre-ping). By design 11, a statement each: accept 1, session lock 1,
-claim 5 (session, its unanswered messages, placing them, the summary, the history: autocommit),
-the turn's end 1 (one statement), the sent reply forgotten 1, unlock 1."""
+ROUND_TRIPS_PER_MESSAGE = 11
+"""Measured 9.2 (25.6 before issue 24: BEGIN and COMMIT each a round trip of their own, every
+statement one, a pool pre-ping). By design 10, a statement each: accept 1, session lock 1,
+claim 4 (the session with its unanswered messages, placing them, the summary, the history: in
+autocommit), the turn's end 1, the sent reply forgotten 1, unlock 1."""
 
 
 class RoundTrips:
