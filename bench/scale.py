@@ -156,19 +156,20 @@ def main() -> None:
         title=f"scale-out: {args.sessions} chats x {args.messages} messages, zero-latency model, "
         f"{os.cpu_count()} cores, median of {args.repeat} runs"
     )
-    columns = ("setup", "processes", "msgs/s", "runs' range", "p50 ms", "p99 ms",
-               "vs 1 on SQLite", "vs 1 on PostgreSQL")
+    # (PG: PostgreSQL; range: the slowest and fastest run of the setup)
+    columns = ("database", "procs", "msgs/s", "range", "p50 ms", "p99 ms", "vs SQLite×1",
+               "vs PG×1")
     for column in columns:
-        table.add_column(column, justify="left" if column == "setup" else "right")
+        table.add_column(column, justify="left" if column == "database" else "right")
     one_pg = next(r["msgs_per_s"] for r in rows if r["setup"] == "PostgreSQL")
     for r in rows:
         low, high = r["range"]
         versus_pg = f"×{r['msgs_per_s'] / one_pg:.2f}" if r["setup"] == "PostgreSQL" else ""
         table.add_row(
-            r["setup"], str(r["processes"]), f"{r['msgs_per_s']:.1f}", f"{low:.0f}–{high:.0f}",
+            "PG" if r["setup"] == "PostgreSQL" else r["setup"], str(r["processes"]), f"{r['msgs_per_s']:.1f}", f"{low:.0f}–{high:.0f}",
             f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", f"×{r['vs_sqlite']:.2f}", versus_pg,
         )
-    Console().print(table)
+    Console(width=120).print(table)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2), encoding="utf-8")
 
