@@ -12,6 +12,8 @@ import pytest
 import gateway.store.engine as store_engine
 from channels.base import InboundMessage
 from context.types import Message, ToolCall
+from gateway.app import Gateway
+from gateway.config import ConfigError
 from gateway.store import SessionInfo, Store, TurnUsage
 
 
@@ -291,3 +293,26 @@ async def test_sqlite_inline_writes_leave_wal_checkpoints_to_the_database_thread
     await store.close()
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 3
+
+
+async def test_database_threads_set_the_postgresql_pool_and_sqlite_keeps_one(
+    database_url: str, make_config: Any
+) -> None:
+    """`[gateway] database_threads` is how many steps wait on PostgreSQL at once; SQLite keeps
+    its one database thread whatever it says."""
+    gateway = Gateway(make_config(gateway={"database_threads": 3}))
+    await gateway.store.init()
+    try:
+        threads = {gateway.store.database._workers}
+        seen: set[str] = set()
+        for _ in range(12):  # steps at once: they spread over the pool's threads
+            await asyncio.gather(*(
+                gateway.store.database.run(lambda: seen.add(threading.current_thread().name))
+                for _ in range(6)
+            ))
+        assert threads == {1 if gateway.store.is_sqlite else 3}
+        assert 1 <= len(seen) <= (1 if gateway.store.is_sqlite else 3)
+    finally:
+        await gateway.store.close()
+    with pytest.raises(ConfigError, match="database_threads"):
+        make_config(gateway={"database_threads": 0})
