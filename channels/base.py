@@ -285,6 +285,14 @@ def is_blank(text: str) -> bool:
     return not text.translate(_INVISIBLE).strip()
 
 
+def storable(text: str) -> str:
+    """Text the store and every platform can hold: NULs dropped, unpaired surrogates made
+    U+FFFD. For text (a model's reply, a tool's output), never for ids (`id_problem`)."""
+    if "\x00" in text:
+        text = text.replace("\x00", "")
+    return _SURROGATE.sub("\ufffd", text)
+
+
 def id_problem(value: str) -> str | None:
     """Why the store cannot keep this id as it is (None: it can).
 

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 
-from channels.base import InboundMessage, id_problem, is_blank
-
-_SURROGATES = re.compile("[\ud800-\udfff]")
+from channels.base import InboundMessage, id_problem, is_blank, storable
 
 
 def clean_text(text: str, max_chars: int) -> tuple[str, str | None]:
@@ -17,7 +14,7 @@ def clean_text(text: str, max_chars: int) -> tuple[str, str | None]:
     """
     if not isinstance(text, str):
         return "", "I can only read text messages."
-    cleaned = _SURROGATES.sub("\ufffd", text).replace("\x00", "")
+    cleaned = storable(text)
     if is_blank(cleaned):
         return cleaned, "Your message was empty, so there was nothing for me to answer."
     if len(cleaned) > max_chars:
@@ -63,6 +60,6 @@ def clean_inbound(msg: InboundMessage) -> InboundMessage:
     the text is `clean_text`'s): a lone surrogate becomes U+FFFD and a NUL goes, as in text.
     A display name is no key, so the two spellings may look alike there."""
     name = msg.sender_name
-    if name and (_SURROGATES.search(name) or "\x00" in name):
-        return replace(msg, sender_name=_SURROGATES.sub("\ufffd", name).replace("\x00", ""))
+    if name and storable(name) != name:
+        return replace(msg, sender_name=storable(name))
     return msg

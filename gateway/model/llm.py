@@ -21,6 +21,7 @@ import openai
 from openai import AsyncStream
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from channels.base import storable
 from context.types import Message, ToolCall
 from gateway.config import LLMSection
 from gateway.model.images import WorkspaceImages, names_workspace_images
@@ -286,7 +287,7 @@ class LLMProvider:
         )
         content = "".join(text) if text or not tool_calls else None
         return Completion(
-            message=Message(role="assistant", content=content, tool_calls=tool_calls),
+            message=_reply(content, tool_calls),
             usage=usage,
             finish_reason=finish,
         )
@@ -445,7 +446,7 @@ def _completion(body: object) -> Completion:
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     finish = choice.get("finish_reason")
     return Completion(
-        message=Message(role="assistant", content=content, tool_calls=tuple(calls)),
+        message=_reply(content, tuple(calls)),
         usage=Usage(
             prompt if isinstance(prompt, int) else None,
             completion if isinstance(completion, int) else None,
@@ -485,3 +486,16 @@ def _is_context_overflow(exc: openai.BadRequestError) -> bool:
         return True
     text = str(exc).lower()
     return "maximum context length" in text or "context window" in text or "too many tokens" in text
+
+
+def _reply(content: str | None, calls: tuple[ToolCall, ...]) -> Message:
+    """The model's message as the store and the platforms can hold it: a reply is text from
+    outside, and a NUL or an unpaired surrogate in it would fail the turn's end (`storable`)."""
+    return Message(
+        role="assistant",
+        content=None if content is None else storable(content),
+        tool_calls=tuple(
+            ToolCall(id=storable(c.id), name=storable(c.name), arguments=storable(c.arguments))
+            for c in calls
+        ),
+    )

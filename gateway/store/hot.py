@@ -204,7 +204,7 @@ HISTORY_AFTER_SUMMARY = _select(
     f"{_SUMMARY_END} = :known_after THEN :known_last ELSE {_SUMMARY_END} END ORDER BY seq",
 )
 """`HISTORY` after the latest summary (after `known_last` when the summary still ends at
-`known_after`): it needs no answer of `LATEST_COMPACTION`'s."""
+`known_after`: what the caller holds already)."""
 _RECORDED = [c for c in TurnRecordRow.model_fields if c != "id"]
 
 

@@ -16,6 +16,8 @@ from zoneinfo import ZoneInfo
 
 import jsonschema
 
+from channels.base import storable
+
 log = logging.getLogger(__name__)
 
 
@@ -81,6 +83,12 @@ class ToolRegistry:
         return [t.spec() for t in self.tools.values()]
 
     async def call(self, name: str, arguments: str, ctx: ToolContext) -> ToolResult:
+        """Run the tool the model asked for; its result (or what went wrong) as text the
+        store can hold (`storable`: a tool may return a NUL or a broken surrogate)."""
+        result = await self._call(name, arguments, ctx)
+        return ToolResult(storable(result.content), result.is_error)
+
+    async def _call(self, name: str, arguments: str, ctx: ToolContext) -> ToolResult:
         tool = self.tools.get(name)
         if tool is None:
             known = ", ".join(sorted(self.tools)) or "none"

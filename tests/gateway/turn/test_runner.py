@@ -106,6 +106,25 @@ async def test_tool_loop_with_unknown_tool_and_bad_arguments(
     assert fake_llm.requests[-1]["tools"][0]["function"]["name"] == "current_time"
 
 
+async def test_a_reply_or_tool_result_with_a_nul_or_broken_surrogate_is_stored_and_sent(
+    running: RunningGateway, fake_llm: FakeOpenAI
+) -> None:
+    """Model output is text from outside: a NUL (PostgreSQL text cannot hold it) or an
+    unpaired surrogate (UTF-8 cannot) used to fail the turn's end, and the person got nothing."""
+    fake_llm.script(
+        tool_call("no\x00such\ud800tool", {}),
+        reply("a\x00b\ud800c"),
+    )
+    assert await running.ask("hi") == ["ab\ufffdc"]
+    session = await running.gateway.store.get_session("agent:main:webchat:direct:tester")
+    assert session is not None and session.id is not None
+    stored = await running.gateway.store.history(session.id)
+    assert [m.role for m in stored] == ["user", "assistant", "tool", "assistant"]
+    assert stored[1].tool_calls[0].name == "nosuch\ufffdtool"
+    assert "unknown tool 'nosuch\ufffdtool'" in str(stored[2].content)
+    assert stored[3].content == "ab\ufffdc"
+
+
 async def test_server_errors_are_retried_then_explained(
     running: RunningGateway, fake_llm: FakeOpenAI
 ) -> None:
