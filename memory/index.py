@@ -40,7 +40,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import re
 import sqlite3
 import threading
 import time
@@ -54,6 +53,17 @@ import numpy as np
 from numpy.typing import NDArray
 
 from memory.embeddings import Encoder
+from memory.text import (
+    Chunk,
+    centred_excerpt,
+    chunk_markdown,
+    fts_term,
+    identifier_candidates,
+    make_snippet,
+    message_chunks,
+    query_terms,
+    short_tokens,
+)
 from memory.vectors import (
     CANDIDATES_PER_RESULT,
     MMR_LAMBDA,
@@ -67,20 +77,14 @@ from memory.vectors import (
     informative_terms,
     one_blas_thread,
 )
-from memory.workspace import scan_workspace, split_lines
+from memory.workspace import scan_workspace
 
 Corpus = Literal["notes", "transcripts", "all"]
 SearchMode = Literal["bm25", "vector", "hybrid"]
 _log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
-CHUNK_CHARS = 1_600
-"""About 400 tokens: small enough to point at a few lines, big enough to keep an entry whole."""
-MIN_TRIGRAM = 3
-MAX_TERMS = 16
-MAX_TERM_CHARS = 100
 MAX_LIMIT = 50
-SNIPPET_CHARS = 240
 MAX_FILE_BYTES = 16 * 1024 * 1024
 """Bigger files are not notes (a pasted log, a dump); indexing them would stall a refresh."""
 RACY_NS = 2_000_000_000
@@ -90,22 +94,8 @@ size; its stat is not trusted, so the next refresh re-hashes it (git's "racy cle
 K1 = 1.2  # FTS5's bm25() defaults, so scan scores and index scores share one scale
 B = 0.75
 
-_CJK = (
-    "[\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af"
-    "\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f]"
-)
-_SHORT_TOKENS = re.compile(f"({_CJK}+)|((?:(?!{_CJK})[^\\W_])+)")
-_CJK_PAIR = re.compile(f"{_CJK}{{2}}")
-_SHORT_WORD = re.compile(f"(?:(?!{_CJK})[^\\W_]){{1,2}}")
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
-_HEADING = re.compile(r"^#{1,6}\s")
-_FENCE = re.compile(r"^\s*(```|~~~)")
-_EDGE_PUNCT = "\"'`“”‘’«»„,.;:!?()[]{}<>，。；：！？、（）「」『』【】《》"
-_QUOTES = " \t\r\n\"'`“”‘’«»„"
-_QUERY_PIECES = re.compile(f"\\s+|{_CJK}+")
-"""Where a query splits into identifier candidates: CJK text has no spaces (`订单ORD-1042的`)."""
 HISTORY_LIMIT = 20
-HISTORY_EXCERPT_CHARS = 300
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files(
@@ -153,15 +143,6 @@ _MESSAGE_COLUMNS = (("role", "TEXT"), ("created_at", "TEXT"), ("name", "TEXT"))
 with role NULL is a whole range from `add_transcript` (how index files before them archived)."""
 _DERIVED_TABLES = ("chunks_fts", "chunks", "files")
 """What an unknown layout may rebuild from the files. Never the transcripts or identifiers."""
-
-
-@dataclass(frozen=True, slots=True)
-class Chunk:
-    """A searchable piece of a file: whole note entries where they fit (1-based lines)."""
-
-    start_line: int
-    end_line: int
-    text: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,195 +228,6 @@ class _Ranked:
     tier: int  # 0: every term matched, 1: some
     score: float
     rowid: int
-
-
-def chunk_markdown(text: str, max_chars: int = CHUNK_CHARS) -> list[Chunk]:
-    """Split at headings (outside code fences): one note entry per chunk where it fits.
-
-    A heading with no body (the `# YYYY-MM-DD` line of a daily note) joins the next section.
-    Sections over `max_chars` are packed paragraph by paragraph; a paragraph over it, line by
-    line; a line over it, by characters (those chunks share the line number).
-    """
-    lines = split_lines(text)
-    bounds: list[tuple[int, int]] = []
-    start, fenced = 0, False
-    for i, line in enumerate(lines):
-        if _FENCE.match(line):
-            fenced = not fenced
-        elif not fenced and _HEADING.match(line) and i > start:
-            bounds.append((start, i))
-            start = i
-    if start < len(lines):
-        bounds.append((start, len(lines)))
-    merged: list[tuple[int, int]] = []
-    pending: int | None = None
-    for index, (s, e) in enumerate(bounds):
-        bare = all(not line.strip() for line in lines[s + 1 : e])
-        if bare and _HEADING.match(lines[s]) and index < len(bounds) - 1:
-            pending = s if pending is None else pending
-            continue
-        merged.append((s if pending is None else pending, e))
-        pending = None
-    chunks: list[Chunk] = []
-    for s, e in merged:
-        chunks.extend(_pack(lines, s, e, max_chars))
-    return chunks
-
-
-def _trimmed(lines: list[str], s: int, e: int) -> tuple[int, int]:
-    while s < e and not lines[s].strip():
-        s += 1
-    while e > s and not lines[e - 1].strip():
-        e -= 1
-    return s, e
-
-
-def _pack(lines: list[str], s: int, e: int, max_chars: int) -> list[Chunk]:
-    s, e = _trimmed(lines, s, e)
-    if s >= e:
-        return []
-    text = "\n".join(lines[s:e])
-    if len(text) <= max_chars:
-        return [Chunk(s + 1, e, text)]
-    pieces: list[tuple[int, int]] = []  # paragraphs, then lines for oversized paragraphs
-    i = s
-    while i < e:
-        if not lines[i].strip():
-            i += 1
-            continue
-        j = i
-        while j < e and lines[j].strip():
-            j += 1
-        if len("\n".join(lines[i:j])) <= max_chars:
-            pieces.append((i, j))
-        else:
-            pieces.extend((k, k + 1) for k in range(i, j))
-        i = j
-    out: list[Chunk] = []
-    group: tuple[int, int] | None = None
-    for ps, pe in pieces:
-        if group is not None and len("\n".join(lines[group[0] : pe])) <= max_chars:
-            group = (group[0], pe)
-            continue
-        if group is not None:
-            out.append(Chunk(group[0] + 1, group[1], "\n".join(lines[group[0] : group[1]])))
-        group = None
-        piece = "\n".join(lines[ps:pe])
-        if len(piece) <= max_chars:
-            group = (ps, pe)
-        else:  # one enormous line
-            out.extend(
-                Chunk(ps + 1, pe, piece[k : k + max_chars]) for k in range(0, len(piece), max_chars)
-            )
-    if group is not None:
-        out.append(Chunk(group[0] + 1, group[1], "\n".join(lines[group[0] : group[1]])))
-    return out
-
-
-def query_terms(query: str) -> list[str]:
-    """The user's words, unique, stripped of edge punctuation and control characters.
-
-    Every term is later quoted as an FTS5 string, so nothing the model types (`"`, `AND(`, `*`,
-    `NEAR`) is read as query syntax.
-    """
-    terms: list[str] = []
-    seen: set[str] = set()
-    for raw in query.split():
-        term = "".join(ch for ch in raw if ch.isprintable()).strip(_EDGE_PUNCT)[:MAX_TERM_CHARS]
-        if term and term.lower() not in seen:
-            seen.add(term.lower())
-            terms.append(term)
-        if len(terms) == MAX_TERMS:
-            break
-    return terms
-
-
-def short_tokens(text: str) -> str:
-    """The `short` column: CJK character pairs and 1-2 character words, space-delimited.
-
-    Leading and trailing spaces make every token a 3+ character phrase (` go `, ` 会议 `) that
-    the trigram index can find, and only as a whole token: ` go ` does not match "going".
-    """
-    tokens: list[str] = []
-    for cjk, word in _SHORT_TOKENS.findall(text.lower()):
-        if cjk:
-            tokens.extend(cjk[i : i + 2] for i in range(len(cjk) - 1))
-        elif len(word) <= 2:
-            tokens.append(word)
-    return f" {' '.join(tokens)} " if tokens else ""
-
-
-def _fts_string(term: str) -> str:
-    return '"' + term.replace('"', '""') + '"'
-
-
-def _fts_term(term: str) -> str | None:
-    """The FTS5 expression for one term, or None when only a scan can answer it."""
-    if len(term) >= MIN_TRIGRAM:
-        return f"body : {_fts_string(term)}"
-    if _CJK_PAIR.fullmatch(term) or _SHORT_WORD.fullmatch(term):
-        return f"short : {_fts_string(' ' + term.lower() + ' ')}"
-    return None
-
-
-def centred_excerpt(text: str, needles: Sequence[str], width: int = HISTORY_EXCERPT_CHARS) -> str:
-    """About `width` characters centred on the first of `needles` found (tried in order, exact
-    case then any case), on one line; the start of `text` when none is found."""
-    at, size = -1, 0
-    for needle in needles:
-        if not needle:
-            continue
-        at = text.find(needle)
-        if at < 0:
-            at = text.lower().find(needle.lower())
-        if at >= 0:
-            size = len(needle)
-            break
-    begin = 0 if at < 0 else max(0, at + size // 2 - width // 2)
-    end = min(len(text), begin + width)
-    begin = max(0, end - width)
-    piece = " ".join(text[begin:end].split())
-    return ("…" if begin > 0 else "") + piece + ("…" if end < len(text) else "")
-
-
-def message_chunks(text: str, max_chars: int = CHUNK_CHARS) -> list[str]:
-    """An archived message as searchable pieces: whole when it fits, else by paragraph, line,
-    then characters (headings do not split a message, unlike a note)."""
-    if not text.strip():
-        return []
-    if len(text) <= max_chars:
-        return [text]
-    lines = split_lines(text)
-    return [chunk.text for chunk in _pack(lines, 0, len(lines), max_chars)]
-
-
-def _identifier_candidates(query: str) -> list[str]:
-    """The query itself, then its pieces, as exact identifiers could be typed: stripped of
-    quotes and backticks (pieces also of edge punctuation, as in "what failed on ORD-88123?")."""
-    out: list[str] = []
-    whole = query.strip(_QUOTES)
-    for candidate in (whole, *(
-        variant
-        for piece in _QUERY_PIECES.split(whole)
-        for variant in (piece.strip(_QUOTES), piece.strip(_EDGE_PUNCT + _QUOTES))
-    )):
-        if candidate and candidate not in out:
-            out.append(candidate[:1_000])
-        if len(out) > MAX_TERMS:
-            break
-    return out
-
-
-def make_snippet(text: str, terms: Sequence[str], width: int = SNIPPET_CHARS) -> str:
-    """About `width` characters around the first matching term, on one line."""
-    folded = text.lower()
-    found = [p for p in (folded.find(t.lower()) for t in terms) if p >= 0]
-    at = min(found) if found else 0
-    begin = max(0, at - width // 4)
-    end = min(len(text), begin + width)
-    begin = max(0, end - width)
-    piece = " ".join(text[begin:end].split())
-    return ("…" if begin > 0 else "") + piece + ("…" if end < len(text) else "")
 
 
 class MemoryIndex:
@@ -843,7 +635,7 @@ class MemoryIndex:
         """(value, seq, score) of the identifiers in `query`, newest seq first per identifier.
 
         The whole query is tried first; only when it is no identifier are its pieces tried."""
-        candidates = _identifier_candidates(query)
+        candidates = identifier_candidates(query)
         out: list[tuple[str, int, float]] = []
         for index, candidate in enumerate(candidates):
             rows = self._conn.execute(
@@ -1046,7 +838,7 @@ class MemoryIndex:
         assert self._vectors is not None
         pool = limit * CANDIDATES_PER_RESULT
         conn = self._conn
-        expressions = [_fts_term(term) for term in terms]
+        expressions = [fts_term(term) for term in terms]
         bm25 = []
         if mode == "hybrid":  # on the terms that carry information (see informative_terms)
             searched = informative_terms(self._vectors, conn, tables, terms, expressions)
@@ -1072,7 +864,7 @@ class MemoryIndex:
         """All-term matches by BM25, then (if too few) any-term matches by BM25.
 
         With `session_key` (transcripts only), only that session's rows are ranked."""
-        parts = [_fts_term(term) for term in terms]
+        parts = [fts_term(term) for term in terms]
         if None in parts:
             return self._rank_scan(table, terms, limit, session_key=session_key)
         fts = "chunks_fts" if table == "notes" else "transcripts_fts"
@@ -1195,139 +987,3 @@ class MemoryIndex:
                 )
             )
         return hits
-
-    # ---- stats ----
-    # For `gatehouse memory stats`, which must not change what it reports on. Opening an index
-    # writes (the schema, its version), so these static methods read through a read-only
-    # connection of their own (`read_only`) and never create the file; a table an index from
-    # an older gatehouse lacks counts as empty.
-
-    @staticmethod
-    def read_only(db_path: Path) -> sqlite3.Connection | None:
-        """A read-only connection to the index file, or None when there is no file yet."""
-        if not db_path.is_file():
-            return None
-        return sqlite3.connect(
-            f"{db_path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None
-        )
-
-    @staticmethod
-    def written_ns(db_path: Path) -> int | None:
-        """When the index file last changed (ns since the epoch; its WAL counts while it holds
-        commits), None without a file. The index keeps no refresh timestamp: this is the last
-        write of any kind (a refresh that changed something, archiving, embedding, a process
-        opening it read-write); a refresh that found nothing to do writes nothing."""
-        try:
-            latest = db_path.stat().st_mtime_ns
-        except OSError:
-            return None
-        try:
-            wal = Path(f"{db_path}-wal").stat()
-        except OSError:
-            return latest
-        return max(latest, wal.st_mtime_ns) if wal.st_size > 0 else latest
-
-    @staticmethod
-    def pending_changes(
-        conn: sqlite3.Connection | None,
-        workspace: Path,
-        *,
-        suffixes: Sequence[str] = (".md",),
-        exclude_dirs: Sequence[str] = ("artifacts", "inbox"),  # inbox: files people sent
-    ) -> tuple[list[tuple[str, int, int]], dict[str, list[str]]]:
-        """The note files `refresh` would index, as (path, bytes, mtime_ns), and what it would
-        do to the index (`conn`; None: no index yet): paths "new", "changed" (content differs
-        from what was indexed; a file touched but not edited is not changed) and "deleted"
-        (indexed, now gone or too big). Hashes the files whose size or mtime differ, as
-        refresh does, and writes nothing."""
-        known: dict[str, tuple[int, int, str]] = {}
-        if conn is not None:
-            try:
-                known = {
-                    str(row[0]): (int(row[1]), int(row[2]), str(row[3]))
-                    for row in conn.execute("SELECT path, size, mtime_ns, sha256 FROM files")
-                }
-            except sqlite3.OperationalError:
-                known = {}  # an empty or foreign file: everything is new
-        files: list[tuple[str, int, int]] = []
-        changes: dict[str, list[str]] = {"new": [], "changed": [], "deleted": []}
-        present: set[str] = set()
-        for found in scan_workspace(workspace, suffixes, exclude_dirs):
-            if found.size > MAX_FILE_BYTES:
-                continue
-            old = known.get(found.rel)
-            if old is not None and (old[0], old[1]) != (found.size, found.mtime_ns):
-                try:
-                    with open(found.path, "rb") as handle:
-                        digest = hashlib.file_digest(handle, "sha256").hexdigest()
-                except OSError:
-                    continue  # vanished or unreadable: refresh drops it too
-                if digest != old[2]:
-                    changes["changed"].append(found.rel)
-            elif old is None:
-                changes["new"].append(found.rel)
-            present.add(found.rel)
-            files.append((found.rel, found.size, found.mtime_ns))
-        changes["deleted"] = sorted(known.keys() - present)
-        return files, changes
-
-    @staticmethod
-    def _stat_count(conn: sqlite3.Connection | None, sql: str, args: Sequence[object] = ()) -> int:
-        if conn is None:
-            return 0
-        try:
-            return int(conn.execute(sql, tuple(args)).fetchone()[0])
-        except sqlite3.OperationalError:  # no such table: an index from an older gatehouse
-            return 0
-
-    @staticmethod
-    def stored_counts(conn: sqlite3.Connection | None) -> dict[str, int]:
-        """What the index holds: "files" and "chunks" of notes, archived "transcript_rows" and
-        the "sessions" they come from."""
-        count = MemoryIndex._stat_count
-        return {
-            "files": count(conn, "SELECT count(*) FROM files"),
-            "chunks": count(conn, "SELECT count(*) FROM chunks"),
-            "transcript_rows": count(conn, "SELECT count(*) FROM transcripts"),
-            "sessions": count(conn, "SELECT count(DISTINCT session_key) FROM transcripts"),
-        }
-
-    @staticmethod
-    def vector_counts(
-        conn: sqlite3.Connection | None,
-        corpus: Literal["notes", "transcripts"],
-        encoder: tuple[str, int] | None,
-    ) -> tuple[int, int, int]:
-        """(rows, rows with a vector from `encoder` (name, dimensions), rows with a vector from
-        another encoder: stale, embedded again by the next refresh or reembed with `encoder`).
-        Without `encoder` every stored vector counts as another's."""
-        source, vectors = {
-            "notes": ("chunks", "chunk_vectors"),
-            "transcripts": ("transcripts", "transcript_vectors"),
-        }[corpus]
-        count = MemoryIndex._stat_count
-        rows = count(conn, f"SELECT count(*) FROM {source}")
-        joined = f"SELECT count(*) FROM {vectors} v JOIN {source} s ON s.id = v.id"
-        if encoder is None:
-            return rows, 0, count(conn, joined)
-        name, dimensions = encoder
-        mine = "v.encoder = ? AND v.dimensions = ?"
-        current = count(conn, f"{joined} WHERE {mine}", (name, dimensions))
-        other = count(conn, f"{joined} WHERE NOT ({mine})", (name, dimensions))
-        return rows, current, other
-
-    @staticmethod
-    def stored_encoders(conn: sqlite3.Connection | None) -> list[tuple[str, int, int]]:
-        """(encoder name, dimensions, vectors) of every encoder with vectors stored, most
-        first: which model embedded the index, read without loading any."""
-        if conn is None:
-            return []
-        try:
-            rows = conn.execute(
-                "SELECT encoder, dimensions, count(*) AS n FROM (SELECT encoder, dimensions "
-                "FROM chunk_vectors UNION ALL SELECT encoder, dimensions FROM "
-                "transcript_vectors) GROUP BY encoder, dimensions ORDER BY n DESC, encoder"
-            ).fetchall()
-        except sqlite3.OperationalError:
-            return []
-        return [(str(name), int(dims), int(n)) for name, dims, n in rows]

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from gateway.config import Config
 from gateway.store.faults import storage_faults
+from memory import index_stats
 from memory.embeddings import Encoder
 from memory.index import MemoryIndex, RefreshStats
 from memory.workspace import ensure_workspace
@@ -188,20 +189,20 @@ def memory_stats(config: Config) -> MemoryStats:
     changing it: no refresh, no index file created, a read-only connection."""
     path = index_path(config)
     encoder, reason = configured_model(config)
-    written = MemoryIndex.written_ns(path)  # before opening: no connection writes it
+    written = index_stats.written_ns(path)  # before opening: no connection writes it
     with storage_faults(path):
-        conn = MemoryIndex.read_only(path)
+        conn = index_stats.read_only(path)
         try:
-            files, changes = MemoryIndex.pending_changes(conn, config.workspace)
-            counts = MemoryIndex.stored_counts(conn)
-            stored = MemoryIndex.stored_encoders(conn)
+            files, changes = index_stats.pending_changes(conn, config.workspace)
+            counts = index_stats.stored_counts(conn)
+            stored = index_stats.stored_encoders(conn)
             key = None if encoder is None else (encoder.name, int(encoder.dimensions))
             corpora: list[Literal["notes", "transcripts"]] = ["notes"]
             if config.memory.archive_transcripts:
                 corpora.append("transcripts")
             vectors = []
             for corpus in corpora:
-                rows, current, other = MemoryIndex.vector_counts(conn, corpus, key)
+                rows, current, other = index_stats.vector_counts(conn, corpus, key)
                 vectors.append(
                     Coverage(
                         corpus, rows,

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memory.index import CHUNK_CHARS, ArchivedMessage, MemoryIndex
+from memory.index import ArchivedMessage, MemoryIndex
+from memory.text import CHUNK_CHARS
 
 ALICE = "agent:main:webchat:direct:alice"
 BOB = "agent:main:webchat:direct:bob"

@@ -13,8 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memory.index import CHUNK_CHARS, MemoryIndex, chunk_markdown, query_terms, short_tokens
+from memory.index import MemoryIndex
 from memory.notes import append_note, read_lines
+from memory.text import CHUNK_CHARS, chunk_markdown, query_terms, short_tokens
 from memory.workspace import ensure_workspace
 
 OLD = time.time() - 86_400

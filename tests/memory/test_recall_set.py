@@ -14,8 +14,9 @@ import pytest
 import memory.index
 import memory.vectors
 from memory.embeddings import Encoder, HashingEncoder, Vectors
-from memory.index import ArchivedMessage, Hit, MemoryIndex, SearchMode, _fts_term, query_terms
+from memory.index import ArchivedMessage, Hit, MemoryIndex, SearchMode
 from memory.notes import append_note
+from memory.text import fts_term, query_terms
 from memory.vectors import (
     Table,
     bm25_weights,
@@ -214,7 +215,7 @@ def test_bm25_votes_follow_the_share_of_the_query_matched(stand_in: MemoryIndex)
     assert index._vectors is not None
     rows = {path: rowid for rowid, path in conn.execute("SELECT id, path FROM chunks")}
     terms = query_terms("when is the pottery class in Verona?")
-    expressions = [_fts_term(term) for term in terms]
+    expressions = [fts_term(term) for term in terms]
     bm25: list[tuple[Table, int, int]] = [
         ("notes", rows["pottery.md"], 1),  # all but "when", which is in most rows (no IDF)
         ("notes", rows["pottery-miss.md"], 1),  # "pottery" and "in": some of the information
@@ -253,14 +254,14 @@ def test_no_idf_means_every_hit_votes_in_full(tmp_path: Path) -> None:
 def test_hybrid_bm25_searches_the_informative_terms(stand_in: MemoryIndex) -> None:
     assert stand_in._vectors is not None
     terms = query_terms("When do we release to production?")
-    expressions = [_fts_term(term) for term in terms]
+    expressions = [fts_term(term) for term in terms]
     informative = informative_terms(
         stand_in._vectors, stand_in._conn, ["notes"], terms, expressions
     )
     assert informative == ["release", "to", "production"]  # "When do we" is in most rows
     common = ["When", "do", "we"]
     every = informative_terms(
-        stand_in._vectors, stand_in._conn, ["notes"], common, [_fts_term(t) for t in common]
+        stand_in._vectors, stand_in._conn, ["notes"], common, [fts_term(t) for t in common]
     )
     assert every == common  # none informative: all of them
 
