@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -105,15 +106,22 @@ class RunningGateway:
         return reply.replies
 
 
-@pytest.fixture
-async def running(fake_llm: FakeOpenAI, make_config: MakeConfig) -> AsyncIterator[RunningGateway]:
-    gateway = Gateway(make_config(fake_llm))
+@contextlib.asynccontextmanager
+async def started(config: Config) -> AsyncIterator[RunningGateway]:
+    """A gateway on `config` with the console and webchat channels, started; stopped after."""
+    gateway = Gateway(config)
     rg = RunningGateway(gateway)
     await gateway.start()
     try:
         yield rg
     finally:
         await gateway.stop()
+
+
+@pytest.fixture
+async def running(fake_llm: FakeOpenAI, make_config: MakeConfig) -> AsyncIterator[RunningGateway]:
+    async with started(make_config(fake_llm)) as rg:
+        yield rg
 
 
 @pytest.fixture

@@ -429,30 +429,11 @@ class HotPath:
             "given_up_at": None,
         }
 
-    def finish_turn(
-        self,
-        cursor: Any,
-        session_id: int,
-        *,
-        prompt_tokens: int | None,
-        completion_tokens: int | None,
-        error: str | None,
-        token_ratio: float | None,
-        token_ratio_samples: int | None = None,
-        cached_tokens: int | None = None,
-    ) -> int:
+    def finish_turn(self, cursor: Any, session_id: int, **usage: Any) -> int:
         """The reply's seq (allocated atomically) and the turn's usage counters and outcome, in
-        one statement on the session row; unknown usage leaves the counters alone."""
-        params = self._finish_params(
-            session_id,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            error=error,
-            token_ratio=token_ratio,
-            token_ratio_samples=token_ratio_samples,
-            cached_tokens=cached_tokens,
-        )
-        return int(self._one(cursor, FINISH_TURN, params)[0]) - 1
+        one statement on the session row (`usage`: `_finish_params`'s keywords); unknown usage
+        leaves the counters alone."""
+        return int(self._one(cursor, FINISH_TURN, self._finish_params(session_id, **usage))[0]) - 1
 
     def _finish_params(
         self,

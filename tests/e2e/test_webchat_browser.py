@@ -18,9 +18,8 @@ import pytest
 from playwright.async_api import Page, async_playwright
 
 from channels.base import OutboundMessage
-from gateway.app import Gateway
 from gateway.web.server import WebServer, build_app
-from tests.conftest import MakeConfig, RunningGateway
+from tests.conftest import MakeConfig, RunningGateway, started
 from tests.fakes import FakeOpenAI, fn, reply
 from tests.helpers.browser import ARGS, CHROMIUM
 from tests.helpers.png import distinct_colours, read_png, share_of, widest_run
@@ -53,13 +52,8 @@ async def running(fake_llm: FakeOpenAI, make_config: MakeConfig) -> AsyncIterato
     """As conftest's, with a model timeout of a minute: a test here holds the model open while
     the page is reloaded, which takes longer than the usual 5 s on a loaded machine (the held
     request timed out and the turn failed)."""
-    gateway = Gateway(make_config(fake_llm, llm={"timeout": 60}))
-    rg = RunningGateway(gateway)
-    await gateway.start()
-    try:
+    async with started(make_config(fake_llm, llm={"timeout": 60})) as rg:
         yield rg
-    finally:
-        await gateway.stop()
 
 
 @pytest.fixture
