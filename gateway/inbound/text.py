@@ -60,6 +60,5 @@ def clean_inbound(msg: InboundMessage) -> InboundMessage:
     the text is `clean_text`'s): a lone surrogate becomes U+FFFD and a NUL goes, as in text.
     A display name is no key, so the two spellings may look alike there."""
     name = msg.sender_name
-    if name and storable(name) != name:
-        return replace(msg, sender_name=storable(name))
-    return msg
+    cleaned = storable(name) if name else name
+    return msg if cleaned == name else replace(msg, sender_name=cleaned)

@@ -429,6 +429,13 @@ class HotPath:
             "given_up_at": None,
         }
 
+    def forget_outbox(self, cursor: Any, ids: Sequence[int]) -> int:
+        """Delete these outbox rows (their replies were sent); how many there were."""
+        marks = ", ".join(f":id{n}" for n in range(len(ids)))
+        params = {f"id{n}": i for n, i in enumerate(ids)}
+        cursor.execute(self.d.sql(f"DELETE FROM outbox WHERE id IN ({marks})"), params)
+        return int(cursor.rowcount)
+
     def finish_turn(self, cursor: Any, session_id: int, **usage: Any) -> int:
         """The reply's seq (allocated atomically) and the turn's usage counters and outcome, in
         one statement on the session row (`usage`: `_finish_params`'s keywords); unknown usage

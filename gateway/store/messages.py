@@ -21,7 +21,7 @@ from sqlmodel import Session, col, select
 from channels.base import InboundMessage, OutboundMessage
 from context.types import Message, ToolCall
 from gateway.store.engine import Database, execute
-from gateway.store.hot import HotPath, message_meta
+from gateway.store.hot import message_meta
 from gateway.store.models import CompactionRow, MessageRow, TurnRecordRow
 from gateway.store.sessions import SessionInfo, SessionRepository
 
@@ -75,14 +75,6 @@ def reply_values(session_id: int, seq: int, m: Message, status: str | None) -> d
         "status": status,
         "tool_error": None if tool_error is None else bool(tool_error),
     }
-
-
-def read_history(
-    hot: HotPath, cursor: Any, session_id: int, known: Known
-) -> tuple[CompactionRow | None, int, list[Message]]:
-    """`summary_and_history` inside a transaction already open on `cursor` (a turn's claim
-    reads it in the same step)."""
-    return hot.summary_and_history(cursor, session_id, known)
 
 
 class MessageRepository:
@@ -233,9 +225,8 @@ class MessageRepository:
         `known` = (the covered seq a caller's cached history starts after, the last seq it
         holds): when the summary has not moved, only messages after the last one are read.
         """
-        return await self._db.fast(
-            lambda cursor: read_history(self._db.hot, cursor, session_id, known)
-        )
+        hot = self._db.hot
+        return await self._db.fast(lambda cursor: hot.summary_and_history(cursor, session_id, known))
 
     async def history(self, session_id: int, after_seq: int = 0) -> list[Message]:
         hot = self._db.hot

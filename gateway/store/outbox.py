@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any
 
 from sqlalchemy import update
 from sqlmodel import Session, col, select
@@ -47,17 +46,11 @@ class OutboxRepository:
         ids = list(outbox_ids)
         if not ids:
             return 0
-        statement = self._db.hot.d.sql(
-            f"DELETE FROM outbox WHERE id IN ({', '.join(':id' + str(n) for n in range(len(ids)))})"
-        )
-        params = {f"id{n}": i for n, i in enumerate(ids)}
-
-        def op(cursor: Any) -> int:
-            cursor.execute(statement, params)
-            return int(cursor.rowcount)
-
+        hot = self._db.hot
         # Once a reply a turn: one statement, one round trip on PostgreSQL (no ORM session).
-        return await self._db.fast(op, write=True, autocommit=True)
+        return await self._db.fast(
+            lambda cursor: hot.forget_outbox(cursor, ids), write=True, autocommit=True
+        )
 
     async def claim_stale_outbox(self, older_than: float) -> list[tuple[int, OutboundMessage]]:
         """Several processes: take over replies left unsent longer than `older_than` seconds.

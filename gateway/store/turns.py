@@ -21,7 +21,7 @@ from channels.base import OutboundMessage
 from context.types import Message
 from gateway.store.engine import Database
 from gateway.store.hot import HotPath, TurnEnd
-from gateway.store.messages import CONTEXT_STATUS, HistoryRead, Known, read_history, reply_values
+from gateway.store.messages import CONTEXT_STATUS, HistoryRead, Known, reply_values
 from gateway.store.models import MessageRow, SessionRow, TurnRecordRow, utcnow
 
 
@@ -135,7 +135,7 @@ class TurnRepository:
             read = None
             if known is not None and claimed:
                 state = known(session.id)
-                read = HistoryRead(state, *read_history(hot, cursor, session.id, state))
+                read = HistoryRead(state, *hot.summary_and_history(cursor, session.id, state))
             return session, claimed, read
 
         # Autocommit (PostgreSQL): the reads take a snapshot each anyway, and the one write that
