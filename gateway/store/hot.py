@@ -193,18 +193,6 @@ HISTORY = _select(
     MESSAGE_COLUMNS,
     "session_id = :session_id AND seq IS NOT NULL AND seq > :after ORDER BY seq",
 )
-_SUMMARY_END = (
-    "COALESCE((SELECT last_seq FROM compactions WHERE session_id = :session_id AND undone = :no "
-    "ORDER BY id DESC LIMIT 1), 0)"
-)
-HISTORY_AFTER_SUMMARY = _select(
-    "messages",
-    MESSAGE_COLUMNS,
-    "session_id = :session_id AND seq IS NOT NULL AND seq > CASE WHEN "
-    f"{_SUMMARY_END} = :known_after THEN :known_last ELSE {_SUMMARY_END} END ORDER BY seq",
-)
-"""`HISTORY` after the latest summary (after `known_last` when the summary still ends at
-`known_after`: what the caller holds already)."""
 _RECORDED = [c for c in TurnRecordRow.model_fields if c != "id"]
 
 
@@ -298,21 +286,11 @@ class HotPath:
         self, cursor: Any, session_id: int, known: tuple[int, int] | None
     ) -> tuple[CompactionRow | None, int, list[Message]]:
         """The latest summary, the seq it ends at, and the history after it (after `known`'s
-        last seq when the summary still ends at `known`'s first)."""
-        after, last = known if known is not None else (-1, 0)
-        found = self._one(
-            cursor, LATEST_COMPACTION, {"session_id": session_id, "no": False}
-        )
-        cursor.execute(
-            self.d.sql(HISTORY_AFTER_SUMMARY),
-            {"session_id": session_id, "no": False, "known_after": after, "known_last": last},
-        )
-        rows = cursor.fetchall()
-        summary = None
-        if found is not None:
-            summary = build(CompactionRow, self.d.decode(COMPACTION_COLUMNS, found))
+        last seq when the summary still ends at `known`'s first: what the caller holds)."""
+        summary = self.latest_compaction(cursor, session_id)
         end = summary.last_seq if summary is not None else 0
-        return summary, end, [self._message(r) for r in rows]
+        start = known[1] if known is not None and known[0] == end else end
+        return summary, end, self.history(cursor, session_id, start)
 
     def session_id(self, cursor: Any, key: str, create: dict[str, Any] | None) -> int | None:
         found = self._one(cursor, SESSION_ID, {"key": key})
