@@ -9,8 +9,9 @@ instead of failing half-way. The hot-path steps (`Database.fast`) run right on t
 because handing so short a step to a thread costs more than the step; while that thread is busy
 they wait for it in arrival order, and with the write lock held by another process they go to
 the thread, which waits on the busy timeout instead of the loop.
-PostgreSQL runs every step on a small thread pool (psycopg, `[gateway] database_threads`): its
-steps wait on the network.
+PostgreSQL runs the hot-path steps on the event loop too, through asyncpg
+(gateway/store/postgres.py): a thread hop and the GIL cost more than the statement; its other
+steps (the ORM) run on a small thread pool (psycopg, `[gateway] database_threads`).
 
 A step that fails on a storage fault (gateway/store/faults.py) raises a `StorageError` naming
 the database and what to do; the last failure is remembered until a write succeeds again, so
@@ -39,6 +40,7 @@ from sqlmodel import Session
 from gateway.config import redacted_url, sync_url
 from gateway.store.faults import StorageError, damaged, storage_error, storage_faults
 from gateway.store.hot import Dialect, HotPath
+from gateway.store.postgres import Connections, run_step
 from gateway.store.schema import migrate
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,10 @@ threshold is reached after about this many turns)."""
 
 LOCK_POOL = 64
 """PostgreSQL: advisory-lock connections kept open between turns (see `Database`)."""
+
+HOT_CONNECTIONS = 16
+"""PostgreSQL: hot-path steps in flight at once (each on an asyncpg connection of its own);
+more wait for one. Idle ones stay open."""
 
 
 def execute(db: Session, statement: Any) -> None:
@@ -76,7 +82,8 @@ class Database:
             event.listen(self.engine, "connect", _sqlite_pragmas)
             event.listen(self.engine, "begin", _sqlite_begin)
             workers = 1
-            self.lock_engine: Engine | None = None
+            self.lock_connections: Connections | None = None
+            self.connections: Connections | None = None
         else:
             # Each database thread keeps one connection for the hot path and borrows another
             # for ORM steps (and the scheduler's job store borrows from the same pool).
@@ -85,15 +92,14 @@ class Database:
             )
             event.listen(self.engine, "connect", _postgres_utc)
             # Advisory locks live as long as the backend connection holding them: one
-            # autocommit connection per held lock (a session's lane, the scheduler's leader).
-            # A pool keeps at most `pool_size` idle connections and closes the rest when handed
-            # back: each turn holds one, so with more sessions answered at once than that, every
-            # turn would open a connection (a backend started, ~1 ms of server CPU) and close
-            # it. It keeps as many as were ever held at once instead (a bound: max_overflow).
-            self.lock_engine = create_engine(
-                self.url, isolation_level="AUTOCOMMIT", pool_size=LOCK_POOL, max_overflow=256
+            # connection per held lock (a session's lane, the scheduler's leader). Up to
+            # LOCK_POOL stay open between turns: opening one starts a backend (~1 ms of server
+            # CPU), and every turn holds one.
+            self.lock_connections = Connections(
+                self.url, LOCK_POOL + 256, keep=LOCK_POOL
             )
             workers = threads
+            self.connections = Connections(self.url, HOT_CONNECTIONS)
         configure_mappers()  # rows built with model_construct need configured mappers
         self.hot = HotPath(Dialect(sqlite=self.is_sqlite))
         """The per-message statements in this database's SQL dialect."""
@@ -114,12 +120,15 @@ class Database:
         self.integrity_errors: tuple[type[BaseException], ...] = (
             IntegrityError,
             self.engine.dialect.loaded_dbapi.IntegrityError,
+            *_asyncpg_errors("IntegrityConstraintViolationError"),
         )
         """What a unique-constraint violation raises, through the ORM or on a driver cursor."""
         self._database_errors: tuple[type[BaseException], ...] = (
             DBAPIError,
             self.engine.dialect.loaded_dbapi.Error,
             StorageError,
+            *_asyncpg_errors("PostgresError", "InterfaceError"),
+            ConnectionError,  # asyncpg: the server went away, or refused the connection
         )
         self.where: Path | str = self.path or redacted_url(url)
         """How errors name this database: its SQLite file, or its URL without the password."""
@@ -195,6 +204,9 @@ class Database:
         return fault
 
     async def close(self) -> None:
+        for connections in (self.connections, self.lock_connections):
+            if connections is not None:
+                await connections.close()
         await asyncio.get_running_loop().run_in_executor(None, self._shutdown)
 
     def _shutdown(self) -> None:
@@ -207,8 +219,6 @@ class Database:
             conn.close()
         self._held.clear()
         self.engine.dispose()
-        if self.lock_engine is not None:
-            self.lock_engine.dispose()
 
     # -- the database thread ----------------------------------------------------------------
 
@@ -325,35 +335,37 @@ class Database:
                 self._next()
                 return result
 
-        def step() -> T:
+        if self.connections is not None:
+            return await self._postgres_step(self.connections, fn, write, autocommit)
+
+        def step() -> T:  # SQLite: the inline step found the write lock taken: wait for it here
             conn = getattr(self._local, "conn", None)
             if conn is None:
                 conn = self._local.conn = self.engine.raw_connection()
                 self._held.append(conn)
-            if self.is_sqlite:  # the inline step found the write lock taken: wait for it here
-                return self._transaction(conn, fn, write)
-            return self._postgres_step(conn, fn, write, autocommit)
+            return self._transaction(conn, fn, write)
 
         return await self.run(step)
 
-    def _postgres_step(
-        self, conn: Any, fn: Callable[[Any], T], write: bool, autocommit: bool
+    async def _postgres_step(
+        self, connections: Connections, fn: Callable[[Any], T], write: bool, autocommit: bool
     ) -> T:
-        """A `fast` step on PostgreSQL: a read, or a write marked `autocommit`, runs in
-        autocommit (no BEGIN, no COMMIT: one round trip a statement; under READ COMMITTED
-        each statement of a transaction takes a snapshot of its own anyway); any other write
-        is one transaction.
-
-        Not psycopg's pipeline mode, although it sends BEGIN and unread statements with the
-        next one: its Python side costs more CPU than the round trips it saves on a local
-        network (measured in docs/scaling.md: a SELECT and COMMIT 124 µs of client CPU plain,
-        237 µs in a pipeline), and the gateway's throughput is bounded by its CPU.
-        """
-        driver = conn.driver_connection
-        autocommit = autocommit or not write
-        if driver.autocommit != autocommit:
-            driver.autocommit = autocommit
-        return self._transaction(conn, fn, write)
+        """A `fast` step on PostgreSQL, on the event loop (asyncpg): a read, or a write marked
+        `autocommit`, runs in autocommit (no BEGIN, no COMMIT: one round trip a statement;
+        under READ COMMITTED each statement of a transaction takes a snapshot of its own
+        anyway); any other write is one transaction."""
+        try:
+            async with connections.connection() as conn:
+                result = await run_step(conn, fn, transaction=write and not autocommit)
+        except BaseException as exc:
+            for forget in self._on_rollback:
+                forget()
+            if isinstance(exc, Exception):
+                raise self._failed(exc)  # noqa: B904  (_failed chains a StorageError to exc)
+            raise
+        if write:
+            self._failure = None
+        return result
 
     def _transaction(self, conn: Any, fn: Callable[[Any], T], write: bool) -> T:
         cursor = conn.cursor()
@@ -436,3 +448,12 @@ def _sqlite_begin(conn: Connection) -> None:
     """Writers take the write lock up front, so a transaction never fails half-way on BUSY."""
     write = conn.get_execution_options().get("gatehouse_write", False)
     conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+def _asyncpg_errors(*names: str) -> tuple[type[BaseException], ...]:
+    """asyncpg's exception classes of these names (none without the [postgres] extra)."""
+    try:
+        import asyncpg
+    except ImportError:
+        return ()
+    return tuple(getattr(asyncpg, name) for name in names)

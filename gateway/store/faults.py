@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import shlex
+import socket
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,8 +80,8 @@ def storage_error(exc: BaseException, where: Where = None) -> StorageError | Non
     driver = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
     if isinstance(driver, sqlite3.Error):
         return _sqlite_fault(driver, where)
-    if isinstance(driver, OSError):
-        return _os_fault(driver, where)
+    if isinstance(driver, OSError) and (fault := _os_fault(driver, where)) is not None:
+        return fault
     return _postgres_fault(driver, where)
 
 
@@ -152,14 +153,23 @@ def _os_fault(exc: OSError, where: Where) -> StorageError | None:
 
 
 def _postgres_fault(exc: BaseException, where: Where) -> StorageError | None:
-    """A PostgreSQL server that cannot be reached or refuses the login (not a query error)."""
+    """A PostgreSQL server that cannot be reached or refuses the login (not a query error),
+    through psycopg (the ORM's steps) or asyncpg (the hot path's)."""
     try:
+        import asyncpg
         import psycopg
     except ImportError:  # the [postgres] extra is not installed
         return None
-    if not isinstance(exc, psycopg.OperationalError):
+    if isinstance(exc, psycopg.OperationalError):
+        state = getattr(exc, "sqlstate", None)
+    elif isinstance(exc, asyncpg.PostgresError):
+        state = exc.sqlstate
+        if state is None:
+            return None
+    elif isinstance(exc, (asyncpg.InterfaceError, ConnectionError, socket.gaierror, TimeoutError)):
+        state = None  # asyncpg: the connection is gone, or could not be made
+    else:
         return None
-    state = getattr(exc, "sqlstate", None)
     # No state: the client could not connect. 08: connection, 28: login, 3D: no such
     # database, 57P: the server is shutting down or starting.
     if state is not None and not state.startswith(("08", "28", "3D", "57P")):

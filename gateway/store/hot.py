@@ -153,8 +153,9 @@ ALLOCATE_SEQS = (
 )
 PLACE = (
     f"WITH a AS ({ALLOCATE_SEQS} - :count AS first), "
-    "p AS (UPDATE messages SET seq = (SELECT first FROM a) + v.n - 1 "
-    "FROM unnest(CAST(:ids AS bigint[])) WITH ORDINALITY AS v(id, n) WHERE messages.id = v.id) "
+    "p AS (UPDATE messages SET seq = (SELECT first FROM a) "
+    "+ array_position(CAST(:ids AS bigint[]), messages.id) - 1 "
+    "WHERE messages.id = ANY(CAST(:ids AS bigint[]))) "
     "SELECT first FROM a"
 )
 """PostgreSQL: `ALLOCATE_SEQS` and the messages' seqs in one statement (`HotPath.place`)."""
@@ -411,8 +412,8 @@ class HotPath:
         """Delete these outbox rows (their replies were sent); how many there were."""
         marks = ", ".join(f":id{n}" for n in range(len(ids)))
         params = {f"id{n}": i for n, i in enumerate(ids)}
-        cursor.execute(self.d.sql(f"DELETE FROM outbox WHERE id IN ({marks})"), params)
-        return int(cursor.rowcount)
+        cursor.execute(self.d.sql(f"DELETE FROM outbox WHERE id IN ({marks}) RETURNING id"), params)
+        return len(cursor.fetchall())
 
     def finish_turn(self, cursor: Any, session_id: int, **usage: Any) -> int:
         """The reply's seq (allocated atomically) and the turn's usage counters and outcome, in
@@ -496,17 +497,17 @@ class HotPath:
             parts.append(
                 "h AS (UPDATE messages SET handled = true, "
                 "status = CASE WHEN messages.status = 'command' THEN messages.status ELSE NULL END, "
-                "tokens = COALESCE(v.tokens, messages.tokens) "
-                "FROM unnest(%(h_ids)s::bigint[], %(h_tokens)s::bigint[]) AS v(id, tokens) "
-                "WHERE messages.id = v.id)"
+                "tokens = COALESCE((%(h_tokens)s::bigint[])"
+                "[array_position(%(h_ids)s::bigint[], messages.id)], messages.tokens) "
+                "WHERE messages.id = ANY(%(h_ids)s::bigint[]))"
             )
         earlier = {i: t for i, t in end.tokens.items() if i not in set(handled)}
         if earlier:
             params["k_ids"], params["k_tokens"] = list(earlier), list(earlier.values())
             parts.append(
-                "k AS (UPDATE messages SET tokens = v.tokens "
-                "FROM unnest(%(k_ids)s::bigint[], %(k_tokens)s::bigint[]) AS v(id, tokens) "
-                "WHERE messages.id = v.id)"
+                "k AS (UPDATE messages SET tokens = (%(k_tokens)s::bigint[])"
+                "[array_position(%(k_ids)s::bigint[], messages.id)] "
+                "WHERE messages.id = ANY(%(k_ids)s::bigint[]))"
             )
         return f"WITH {', '.join(parts)} SELECT next_seq - 1, {outbox} FROM s", params
 

@@ -14,9 +14,8 @@ import hashlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from sqlalchemy import Engine
-
 from gateway.store.engine import Database
+from gateway.store.postgres import Connections
 
 
 class LockBusyError(RuntimeError):
@@ -29,43 +28,40 @@ def lock_id(name: str) -> int:
 
 
 class AdvisoryLock:
-    """A session-level advisory lock and the connection that holds it (sync; database thread)."""
+    """A session-level advisory lock and the asyncpg connection that holds it."""
 
-    def __init__(self, conn: Any, lock_id: int) -> None:
+    def __init__(self, connections: Connections, conn: Any, lock_id: int) -> None:
+        self.connections = connections
         self.conn = conn
         self.lock_id = lock_id
         self.held = False
 
-    @classmethod
-    def connect(cls, engine: Engine | None, lock_id: int) -> AdvisoryLock:
-        assert engine is not None
-        return cls(engine.raw_connection(), lock_id)
-
-    def try_acquire(self) -> bool:
-        with self.conn.cursor() as cursor:
-            cursor.execute("SELECT pg_try_advisory_lock(%s)", (self.lock_id,))
-            self.held = bool(cursor.fetchone()[0])
+    async def try_acquire(self) -> bool:
+        self.held = bool(await self.conn.fetchval("SELECT pg_try_advisory_lock($1)", self.lock_id))
         return self.held
 
-    def alive(self) -> bool:
+    async def alive(self) -> bool:
         """Is the holding connection still there (so the lock still held)?"""
         try:
-            with self.conn.cursor() as cursor:
-                cursor.execute("SELECT 1")
+            await self.conn.fetchval("SELECT 1")
             return True
         except Exception:
             return False
 
-    def release(self) -> None:
+    async def release(self) -> None:
         """Unlock and hand the connection back; a broken connection is dropped (which unlocks)."""
         try:
             if self.held:
-                with self.conn.cursor() as cursor:
-                    cursor.execute("SELECT pg_advisory_unlock(%s)", (self.lock_id,))
-            self.held = False
-            self.conn.close()
+                await self.conn.fetchval("SELECT pg_advisory_unlock($1)", self.lock_id)
         except Exception:
-            self.conn.invalidate()
+            self.connections.give(self.conn, broken=True)
+        except BaseException:
+            self.connections.give(self.conn, broken=True)
+            raise
+        else:
+            self.connections.give(self.conn)
+        finally:
+            self.held = False
 
 
 class Locks:
@@ -87,7 +83,7 @@ class Locks:
             yield
         finally:
             if lock is not None:
-                await asyncio.shield(self._db.run(lock.release))
+                await asyncio.shield(lock.release())
 
     async def advisory_lock(
         self, lock_id: int, *, wait: bool, poll: float = 0.05
@@ -96,20 +92,19 @@ class Locks:
 
         With `wait=False`, raises `LockBusyError` if another connection holds it.
         """
-        engine = self._db.lock_engine
-        if engine is None:
+        connections = self._db.lock_connections
+        if connections is None:
             return None
 
-        def connect_and_try() -> tuple[AdvisoryLock, bool]:
-            # One thread hop for the connection and the first try (usually the only one).
-            lock = AdvisoryLock.connect(engine, lock_id)
+        async def connect_and_try() -> tuple[AdvisoryLock, bool]:
+            lock = AdvisoryLock(connections, await connections.take(), lock_id)
             try:
-                return lock, lock.try_acquire()
+                return lock, await lock.try_acquire()
             except BaseException:
-                lock.release()
+                await lock.release()
                 raise
 
-        first = asyncio.ensure_future(self._db.run(connect_and_try))
+        first = asyncio.ensure_future(connect_and_try())
         try:
             lock, held = await asyncio.shield(first)
         except asyncio.CancelledError:
@@ -122,21 +117,21 @@ class Locks:
                     raise LockBusyError(lock_id)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
-                held = await self._db.run(lock.try_acquire)
+                held = await lock.try_acquire()
         except BaseException:
-            await asyncio.shield(self._db.run(lock.release))
+            await asyncio.shield(lock.release())
             raise
         return lock
 
     def _release_when_done(self, first: asyncio.Future[tuple[AdvisoryLock, bool]]) -> None:
         if not first.cancelled() and first.exception() is None:
             lock, _held = first.result()
-            task = asyncio.ensure_future(self._db.run(lock.release))
+            task = asyncio.ensure_future(lock.release())
             self._releasing.add(task)
             task.add_done_callback(self._releasing.discard)
 
     async def lock_alive(self, lock: AdvisoryLock) -> bool:
-        return await self._db.run(lock.alive)
+        return await lock.alive()
 
     async def release_lock(self, lock: AdvisoryLock) -> None:
-        await asyncio.shield(self._db.run(lock.release))
+        await asyncio.shield(lock.release())

@@ -48,7 +48,7 @@ def kill_backend(store: Store, leader: Leadership) -> None:
     its network goes: PostgreSQL drops the lock with the connection."""
     lock = leader._lock
     assert lock is not None
-    pid = lock.conn.driver_connection.info.backend_pid
+    pid = lock.conn.get_server_pid()
     with store.engine.connect() as conn:
         conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
 

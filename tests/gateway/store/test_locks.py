@@ -49,12 +49,12 @@ async def test_a_dead_holder_releases_its_lock(postgres: ThrowawayPostgres) -> N
         assert lock is not None
         with pytest.raises(LockBusyError):
             await two.advisory_lock(42, wait=False)
-        lock.conn.invalidate()  # the holding process dies: its connection goes away
+        lock.conn.terminate()  # the holding process dies: its connection goes away
         # The server frees the lock once its backend sees the socket close: moments later, not
         # at once, so asking with wait=False right away can still find it held.
         taken = await asyncio.wait_for(two.advisory_lock(42, wait=True), 10)
-        assert taken is not None and taken.alive()
-        await asyncio.to_thread(taken.release)
+        assert taken is not None and await taken.alive()
+        await taken.release()
     finally:
         await one.close()
         await two.close()
