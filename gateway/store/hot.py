@@ -75,8 +75,9 @@ class Dialect:
         return None if value is None else json.dumps(value)
 
     def load_json(self, value: Any) -> Any:
-        # sqlite3 hands back the JSON text; psycopg has already parsed a json column.
-        return json.loads(value) if self.sqlite and isinstance(value, str) else value
+        # Both drivers hand back a JSON column's text (asyncpg with no codec set: setting one
+        # costs every new connection a catalog query).
+        return json.loads(value) if isinstance(value, str) else value
 
     def decode(self, columns: Sequence[str], values: Sequence[Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}

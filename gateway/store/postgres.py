@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import re
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import lru_cache
 from typing import Any, TypeVar
 
@@ -46,23 +45,25 @@ def dollar(statement: str) -> tuple[str, tuple[str, ...]]:
 
 
 class Cursor:
-    """The part of a DB-API cursor `HotPath` uses, over an asyncpg connection; callable only
-    inside `run_step`'s greenlet (each statement is awaited on the loop)."""
+    """The part of a DB-API cursor `HotPath` uses, over an asyncpg connection. `wait` turns
+    each call into its result: by default `await_only`, callable only inside `run_step`'s
+    greenlet (each statement is awaited on the loop)."""
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Any, wait: Callable[[Awaitable[Any]], Any] = await_only) -> None:
         self._conn = conn
+        self._wait = wait
         self._rows: list[Any] = []
         self.rowcount = -1
 
     def execute(self, statement: str, params: dict[str, Any] | None = None) -> None:
         sql, names = dollar(statement)
         values = params or {}
-        self._rows = await_only(self._conn.fetch(sql, *(values[n] for n in names)))
+        self._rows = self._wait(self._conn.fetch(sql, *(values[n] for n in names)))
         self.rowcount = len(self._rows)
 
     def executemany(self, statement: str, params: Sequence[dict[str, Any]]) -> None:
         sql, names = dollar(statement)
-        await_only(self._conn.executemany(sql, [tuple(p[n] for n in names) for p in params]))
+        self._wait(self._conn.executemany(sql, [tuple(p[n] for n in names) for p in params]))
         self._rows, self.rowcount = [], -1
 
     def fetchone(self) -> Any:
@@ -89,19 +90,6 @@ def asyncpg_dsn(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-async def _prepare(conn: Any) -> None:
-    """JSON columns come back parsed (as psycopg gives them) and are sent as the JSON text
-    `HotPath` already made; timestamps are read in UTC."""
-    for kind in ("json", "jsonb"):
-        await conn.set_type_codec(
-            kind, encoder=_as_text, decoder=json.loads, schema="pg_catalog"
-        )
-
-
-def _as_text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
-
-
 class Connections:
     """asyncpg connections opened as needed and kept for reuse, at most `limit` in use.
 
@@ -112,13 +100,16 @@ class Connections:
     the event loop that opened it: another loop (the CLI runs one per command) opens its own.
     """
 
-    def __init__(self, url: str, limit: int, keep: int | None = None) -> None:
+    def __init__(
+        self, url: str, limit: int, keep: int | None = None, settings: dict[str, str] | None = None
+    ) -> None:
         import asyncpg  # the [postgres] extra: imported only when PostgreSQL is used
 
         self._asyncpg = asyncpg
         self.dsn = asyncpg_dsn(url)
         self.limit = limit
         self.keep = limit if keep is None else keep
+        self.settings = settings or {}
         self._idle: list[Any] = []
         self._slots: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -142,9 +133,9 @@ class Connections:
                 conn = self._idle.pop()
                 if not conn.is_closed():
                     return conn
-            conn = await self._asyncpg.connect(self.dsn, statement_cache_size=256)
-            await _prepare(conn)
-            return conn
+            return await self._asyncpg.connect(
+                self.dsn, statement_cache_size=256, server_settings=self.settings
+            )
         except BaseException:
             slots.release()
             raise

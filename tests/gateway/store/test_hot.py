@@ -3,11 +3,14 @@ GATEHOUSE_TEST_DB=postgres), and read back through the ORM: both must agree on e
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
+import asyncpg
 import pytest
 from sqlmodel import select
 
@@ -17,6 +20,7 @@ from gateway.store import CompactionRow, SessionRow, Store, TurnRecordRow
 from gateway.store.hot import Dialect, HotPath, TurnEnd, build, message_meta
 from gateway.store.messages import reply_values
 from gateway.store.models import MessageRow
+from gateway.store.postgres import Cursor, asyncpg_dsn
 
 NOON = datetime(2024, 5, 1, 12, 0, 0, 123456, tzinfo=UTC)
 
@@ -53,17 +57,49 @@ _SESSION = {
 }
 
 
+class AsyncpgTransaction:
+    """PostgreSQL: the hot path's driver (asyncpg) in one open transaction, driven from
+    synchronous test code through an event loop of its own in a thread."""
+
+    def __init__(self, url: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.conn = self.wait(asyncpg.connect(asyncpg_dsn(url)))
+        self.wait(self.conn.execute("BEGIN"))
+
+    def wait(self, call: Awaitable[Any]) -> Any:
+        async def run() -> Any:
+            return await call
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(30)
+
+    def cursor(self) -> Cursor:
+        return Cursor(self.conn, wait=self.wait)
+
+    def commit(self) -> None:
+        self.wait(self.conn.execute("COMMIT; BEGIN"))
+
+    def close(self) -> None:
+        self.wait(self.conn.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
 @pytest.fixture
 async def raw(database_url: str) -> AsyncIterator[Raw]:
     store = Store(database_url)
     await store.init()
-    conn = store.engine.raw_connection()
+    conn: Any = (
+        store.engine.raw_connection() if store.is_sqlite else AsyncpgTransaction(database_url)
+    )
     cursor = conn.cursor()
     try:
         yield Raw(store, HotPath(Dialect(sqlite=store.is_sqlite)), conn, cursor)
     finally:
         cursor.close()
-        conn.rollback()
+        if store.is_sqlite:
+            conn.rollback()
         conn.close()
         await store.close()
 
@@ -95,7 +131,7 @@ def test_json_and_booleans_decode_per_driver() -> None:
     sqlite, postgres = Dialect(sqlite=True), Dialect(sqlite=False)
     assert sqlite.dump_json(None) is None and sqlite.dump_json([1, "a"]) == '[1, "a"]'
     assert sqlite.load_json('{"a": 1}') == {"a": 1}
-    assert postgres.load_json('"already text"') == '"already text"'  # psycopg parsed it
+    assert postgres.load_json('"a text"') == "a text"  # asyncpg hands back the JSON text too
     decoded = sqlite.decode(
         ("handled", "tool_error", "content", "created_at", "role"),
         (0, None, '"hi"', "2024-05-01 12:00:00.123456", "user"),
