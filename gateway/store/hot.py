@@ -228,6 +228,19 @@ LATEST_COMPACTION = _select(
     COMPACTION_COLUMNS,
     "session_id = :session_id AND undone = :no ORDER BY id DESC LIMIT 1",
 )
+_SUMMARY_END = "COALESCE((SELECT last_seq FROM c), 0)"
+_LATEST = "session_id = :session_id AND undone = false ORDER BY id DESC LIMIT 1"
+SUMMARY_AND_HISTORY = _pyformat(
+    f"WITH c AS ({_select('compactions', COMPACTION_COLUMNS, _LATEST)}) "
+    "SELECT CASE WHEN row_number() OVER (ORDER BY m.seq) = 1 "
+    "THEN (SELECT row_to_json(c) FROM c) END, "
+    f"{', '.join('m.' + c for c in MESSAGE_COLUMNS)} FROM (SELECT 1) AS one "
+    "LEFT JOIN messages AS m ON m.session_id = :session_id AND m.seq IS NOT NULL AND m.seq > "
+    f"CASE WHEN {_SUMMARY_END} = :known_end THEN :known_last ELSE {_SUMMARY_END} END "
+    "ORDER BY m.seq"
+)
+"""PostgreSQL: `LATEST_COMPACTION` and the `HISTORY` after it (after what the caller holds when
+the summary still ends where it did: `known_end`, `known_last`) in one statement."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,10 +302,32 @@ class HotPath:
     ) -> tuple[CompactionRow | None, int, list[Message]]:
         """The latest summary, the seq it ends at, and the history after it (after `known`'s
         last seq when the summary still ends at `known`'s first: what the caller holds)."""
+        if not self.d.sqlite:
+            return self._summary_and_history(cursor, session_id, known)
         summary = self.latest_compaction(cursor, session_id)
         end = summary.last_seq if summary is not None else 0
         start = known[1] if known is not None and known[0] == end else end
         return summary, end, self.history(cursor, session_id, start)
+
+    def _summary_and_history(
+        self, cursor: Any, session_id: int, known: tuple[int, int] | None
+    ) -> tuple[CompactionRow | None, int, list[Message]]:
+        """`summary_and_history` on PostgreSQL: one statement, the summary as JSON on the first
+        row only (a row with the message's columns NULL when no history follows it)."""
+        known_end, known_last = known if known is not None else (-1, 0)
+        cursor.execute(
+            SUMMARY_AND_HISTORY,
+            {"session_id": session_id, "known_end": known_end, "known_last": known_last},
+        )
+        rows = cursor.fetchall()
+        found = self.d.load_json(rows[0][0])
+        summary = None
+        if found is not None:
+            summary = build(CompactionRow, self.d.decode(COMPACTION_COLUMNS, [
+                found[c] for c in COMPACTION_COLUMNS
+            ]))
+        end = summary.last_seq if summary is not None else 0
+        return summary, end, [self._message(r[1:]) for r in rows if r[1] is not None]
 
     def session_id(self, cursor: Any, key: str, create: dict[str, Any] | None) -> int | None:
         found = self._one(cursor, SESSION_ID, {"key": key})

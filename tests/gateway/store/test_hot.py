@@ -408,3 +408,33 @@ async def test_placing_messages_gives_them_the_next_seqs_in_order(raw: Raw) -> N
     assert rows == {ids[2]: 2, ids[0]: 3, ids[1]: None}
     session = raw.hot.get_session(raw.cursor, "k")
     assert session is not None and session.next_seq == 4
+
+
+async def test_the_summary_and_the_history_after_it_read_alike_on_both_drivers(raw: Raw) -> None:
+    """SQLite reads them in two statements, PostgreSQL in one: the same answers."""
+    session_id = raw.session()
+    for seq in range(1, 6):
+        raw.hot.insert_message(raw.cursor, {**raw.inbound(session_id, f"m{seq}", None), "seq": seq})
+    raw.commit()
+    summary, end, history = raw.hot.summary_and_history(raw.cursor, session_id, None)
+    assert (summary, end, [m.seq for m in history]) == (None, 0, [1, 2, 3, 4, 5])
+    assert [m.content for m in history][:2] == ["m1", "m2"]
+
+    await raw.store.add_compaction(CompactionRow(
+        session_id=session_id, first_seq=1, last_seq=2, summary="the first two",
+        tokens_before=100, tokens_after=10, quality={"score": 1, "kept": ["ID-7"]},
+    ))
+    raw.commit()
+    summary, end, history = raw.hot.summary_and_history(raw.cursor, session_id, None)
+    assert summary is not None and end == 2 and [m.seq for m in history] == [3, 4, 5]
+    via_orm = raw.hot.latest_compaction(raw.cursor, session_id)
+    assert summary.model_dump() == via_orm.model_dump()  # every column, the times aware
+    assert summary.quality == {"score": 1, "kept": ["ID-7"]} and summary.created_at.tzinfo
+    # The caller holds the history to seq 4 after this summary: only what follows.
+    _s, _e, newer = raw.hot.summary_and_history(raw.cursor, session_id, (2, 4))
+    assert [m.seq for m in newer] == [5]
+    _s, _e, caught_up = raw.hot.summary_and_history(raw.cursor, session_id, (2, 5))
+    assert caught_up == [] and _s is not None and _e == 2, "the summary still comes back"
+    # What it holds ends at an older summary: the whole history after the new one.
+    _s, _e, again = raw.hot.summary_and_history(raw.cursor, session_id, (0, 4))
+    assert [m.seq for m in again] == [3, 4, 5]

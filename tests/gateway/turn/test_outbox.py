@@ -203,3 +203,38 @@ async def test_a_refused_send_is_logged_as_one_line_and_a_bug_with_its_traceback
     [record] = [r for r in caplog.records if r.getMessage().startswith("delivery failed")]
     assert record.getMessage().endswith(failure_text(error))
     assert (record.exc_info is not None) is traceback
+
+
+class _SharedStore:
+    """A store on PostgreSQL as DeliveryLog sees it: its DELETEs held until released."""
+
+    is_sqlite = False
+
+    def __init__(self, fail_first: bool = False) -> None:
+        self.deletes: list[list[int]] = []
+        self.release = asyncio.Event()
+        self.fail_first = fail_first
+
+    async def forget_outbox(self, ids: list[int]) -> int:
+        self.deletes.append(list(ids))
+        await self.release.wait()
+        if self.fail_first and len(self.deletes) == 1:
+            raise ConnectionError("the server went away")
+        return len(ids)
+
+
+async def test_shared_sent_replies_are_forgotten_together_while_a_delete_runs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = _SharedStore(fail_first=True)
+    delivery = DeliveryLog(tmp_path, store)  # type: ignore[arg-type]
+    delivery.sent(1)
+    await asyncio.sleep(0)  # the first DELETE starts at once: nothing waits when quiet
+    assert store.deletes == [[1]]
+    for outbox_id in (2, 3, 4):  # sent while it runs
+        delivery.sent(outbox_id)
+    assert store.deletes == [[1]], "one DELETE at a time"
+    store.release.set()
+    await delivery.close()
+    assert store.deletes == [[1], [2, 3, 4]], "those sent meanwhile go in one statement"
+    assert "could not forget 1 sent replies' outbox rows" in caplog.text  # left for the sweep
