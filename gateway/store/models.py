@@ -60,7 +60,9 @@ class MessageRow(SQLModel, table=True):
     )
 
     id: int | None = Field(default=None, primary_key=True)
-    session_id: int = Field(foreign_key="sessions.id", index=True)
+    # No index of its own: uq_messages_session_seq and ix_messages_pending both lead with it,
+    # and every message row is written three times (stored, placed, answered).
+    session_id: int = Field(foreign_key="sessions.id")
     # Position in the conversation. Inbound messages get theirs when a turn claims them, so the
     # conversation order is the prompt order even when messages arrive mid-turn.
     seq: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))
