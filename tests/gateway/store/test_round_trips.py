@@ -1,9 +1,9 @@
 """Round trips to PostgreSQL per message: a fixed upper bound, so a regression is caught.
 
-A message's cost on PostgreSQL is mostly its round trips: each one a statement or a batch the
-server parses and runs, and wake-ups of the event loop and of the server's backend (see docs/scaling.md). The gateway talks to PostgreSQL through a proxy here
-that counts, per connection, each time the client speaks again after the server answered:
-one round trip.
+A message's cost on PostgreSQL is mostly its round trips: each one a statement the server
+runs, and a wake-up of the event loop and of the server's backend (see docs/scaling.md). The
+gateway talks to PostgreSQL through a proxy here that counts, per connection, each time the
+client speaks again after the server answered: one round trip.
 """
 
 from __future__ import annotations
