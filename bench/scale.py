@@ -151,7 +151,7 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=40)
     parser.add_argument("--messages", type=int, default=20)
     parser.add_argument("--json", type=Path, help="also write the rows here")
-    parser.add_argument("--repeat", type=int, default=3, help="runs of each setup (median)")
+    parser.add_argument("--repeat", type=int, default=5, help="runs of each setup (median)")
     parser.add_argument("--quick", action="store_true", help="10 chats x 4 messages, once")
     args = parser.parse_args()
     if args.quick:

@@ -165,9 +165,10 @@ class GatewaySection(_Strict):
         default=2,
         ge=1,
         le=64,
-        description="PostgreSQL: threads running database steps, each waiting for one round "
-        "trip at a time; more help when the server is across a network, and cost CPU in "
-        "contention for Python's GIL (docs/scaling.md)",
+        description="PostgreSQL: threads running the ORM's steps (the per-message statements "
+        "run on the event loop, through asyncpg), each waiting for one round trip at a time; "
+        "more help when the server is across a network, and cost CPU in contention for "
+        "Python's GIL (docs/scaling.md)",
     )
     timezone: str = "UTC"
     agent: str = "main"
