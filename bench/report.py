@@ -431,10 +431,11 @@ def rows_scale(r: list[dict[str, Any]]) -> list[Row]:
             f"×{x['vs_sqlite']:.2f}",
         ))
         if x is not one_pg:
+            versus = x.get("vs_pg1", x["msgs_per_s"] / one_pg["msgs_per_s"])  # paired, if there
             rows.append((
                 name, f"msgs/s, {x['processes']} processes on PostgreSQL",
                 f"{x['msgs_per_s']:,}", f"{one_pg['msgs_per_s']:,}", "1 process on PostgreSQL",
-                f"×{x['msgs_per_s'] / one_pg['msgs_per_s']:.2f}",
+                f"×{versus:.2f}",
             ))
     return rows
 

@@ -117,7 +117,9 @@ async def _run(
 
 async def measure(sessions: int, messages: int, repeat: int) -> list[dict[str, Any]]:
     """Each setup `repeat` times, interleaved (so a slow spell of the machine hits every setup
-    alike); each row is the setup's median run, with the slowest and fastest beside it."""
+    alike); each row is the setup's median run, with the slowest and fastest beside it. The
+    ratios are paired: the median over rounds of this setup's run against the base's run of
+    the same round (a spell that slowed one round slows both sides of its ratio)."""
     setups = [("SQLite", 1)] + [("PostgreSQL", n) for n in (1, 2, 4)]
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {s: [] for s in setups}
     pg = ThrowawayPostgres().start()
@@ -134,15 +136,22 @@ async def measure(sessions: int, messages: int, repeat: int) -> list[dict[str, A
                         )
     finally:
         pg.stop()
+    def paired(setup: tuple[str, int], base: tuple[str, int]) -> float:
+        ratios = sorted(
+            r["msgs_per_s"] / b["msgs_per_s"] for r, b in zip(runs[setup], runs[base], strict=True)
+        )
+        return round(ratios[len(ratios) // 2], 2)
+
     rows = []
     for setup in setups:
         ordered = sorted(runs[setup], key=lambda r: r["msgs_per_s"])
         row = dict(ordered[len(ordered) // 2])
         row["range"] = [ordered[0]["msgs_per_s"], ordered[-1]["msgs_per_s"]]
+        row["runs"] = [r["msgs_per_s"] for r in runs[setup]]
+        row["vs_sqlite"] = paired(setup, setups[0])
+        if setup[0] == "PostgreSQL":
+            row["vs_pg1"] = paired(setup, setups[1])
         rows.append(row)
-    base = rows[0]["msgs_per_s"]
-    for row in rows:
-        row["vs_sqlite"] = round(row["msgs_per_s"] / base, 2)
     return rows
 
 
@@ -159,17 +168,16 @@ def main() -> None:
     rows = asyncio.run(measure(args.sessions, args.messages, args.repeat))
     table = Table(
         title=f"scale-out: {args.sessions} chats x {args.messages} messages, zero-latency model, "
-        f"{os.cpu_count()} cores, median of {args.repeat} runs"
+        f"{os.cpu_count()} cores, median of {args.repeat} runs (ratios: median of the rounds')"
     )
     # (PG: PostgreSQL; range: the slowest and fastest run of the setup)
     columns = ("database", "procs", "msgs/s", "range", "p50 ms", "p99 ms", "vs SQLite×1",
                "vs PG×1", "first msgs/s")
     for column in columns:
         table.add_column(column, justify="left" if column == "database" else "right")
-    one_pg = next(r["msgs_per_s"] for r in rows if r["setup"] == "PostgreSQL")
     for r in rows:
         low, high = r["range"]
-        versus_pg = f"×{r['msgs_per_s'] / one_pg:.2f}" if r["setup"] == "PostgreSQL" else ""
+        versus_pg = f"×{r['vs_pg1']:.2f}" if "vs_pg1" in r else ""
         table.add_row(
             "PG" if r["setup"] == "PostgreSQL" else r["setup"], str(r["processes"]), f"{r['msgs_per_s']:.1f}", f"{low:.0f}–{high:.0f}",
             f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", f"×{r['vs_sqlite']:.2f}", versus_pg,
