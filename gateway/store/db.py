@@ -141,4 +141,5 @@ class Store:
         await self.database.verify()
 
     async def close(self) -> None:
+        await self.locks.close()
         await self.database.close()

@@ -1,9 +1,15 @@
-"""Cross-process locks: PostgreSQL advisory locks, held by a connection of their own.
+"""Cross-process locks: PostgreSQL advisory locks, which die with the connection holding them.
 
 Several gateway processes may share one PostgreSQL database: a session's turns must still run
 one at a time (`Locks.session_lock`), and one process leads the scheduler (gateway/jobs/leader.py).
 A lock lives as long as the backend connection holding it, so a dead process frees its locks.
 One gateway process per SQLite file needs none of this: on SQLite every lock is a no-op.
+
+A process holds all its session locks on one connection (`LockLine`): a backend can hold many
+advisory locks at once, and the takes and releases asked for while one statement runs go
+together in the next, so under load a message costs a fraction of a lock statement, and a
+process one lock connection instead of one per running turn. The leader's lock keeps a
+connection of its own (`AdvisoryLock`): losing it must mean losing only the leadership.
 """
 
 from __future__ import annotations
@@ -11,11 +17,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from gateway.store.engine import Database
 from gateway.store.postgres import Connections
+
+log = logging.getLogger(__name__)
 
 
 class LockBusyError(RuntimeError):
@@ -64,26 +73,142 @@ class AdvisoryLock:
             self.held = False
 
 
+_TAKE_OR_RELEASE = (
+    "SELECT CASE WHEN t.take THEN pg_try_advisory_lock(t.id) ELSE pg_advisory_unlock(t.id) END "
+    "FROM unnest($1::bigint[], $2::boolean[]) WITH ORDINALITY AS t(id, take, n) ORDER BY t.n"
+)
+"""Takes and releases in the order asked (a release and the next take of the same lock can
+share a statement), each answered true when it took or released the lock."""
+
+
+class LockLine:
+    """One connection holding every session lock of this process; each request waits for at
+    most the statement in flight, and those asked meanwhile go in the next one together."""
+
+    def __init__(self, connections: Connections) -> None:
+        self._connections = connections
+        self._conn: Any = None
+        self._asked: list[tuple[int, bool, asyncio.Future[bool] | None]] = []
+        """Requests not yet sent, in order; a release nobody waits for has no future."""
+        self._running: asyncio.Task[None] | None = None
+
+    async def ask(self, lock_id: int, take: bool) -> bool:
+        """Take (without waiting for another holder) or release `lock_id`; did it?"""
+        answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._asked.append((lock_id, take, answer))
+        if self._running is None:
+            self._running = asyncio.create_task(self._run())
+        return await answer
+
+    async def _run(self) -> None:
+        try:
+            while self._asked:
+                batch, self._asked = self._asked, []
+                try:
+                    conn = await self._connection()
+                    rows = await conn.fetch(
+                        _TAKE_OR_RELEASE, [b[0] for b in batch], [b[1] for b in batch]
+                    )
+                except BaseException as exc:
+                    self._drop()
+                    for _id, _take, answer in batch:
+                        if answer is not None and not answer.done():
+                            answer.set_exception(exc if isinstance(exc, Exception) else
+                                                 ConnectionError("the lock connection closed"))
+                    if not isinstance(exc, Exception):
+                        raise
+                    continue
+                for (lock_id, take, answer), row in zip(batch, rows, strict=True):
+                    if answer is None:
+                        continue
+                    if answer.done():  # its asker was cancelled: never keep a lock nobody holds
+                        if take and row[0]:
+                            self._asked.append((lock_id, False, None))
+                    else:
+                        answer.set_result(bool(row[0]))
+        finally:
+            self._running = None
+
+    async def _connection(self) -> Any:
+        if self._conn is not None and self._conn.is_closed():
+            log.warning(
+                "lost the connection holding this process's session locks; turns running now "
+                "are no longer exclusive across processes"
+            )
+            self._drop()
+        if self._conn is None:
+            self._conn = await self._connections.take()
+        return self._conn
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            self._connections.give(conn, broken=True)
+
+    async def close(self) -> None:
+        """Release every lock (by closing the connection that holds them)."""
+        if self._running is not None:
+            await asyncio.gather(self._running, return_exceptions=True)
+        conn, self._conn = self._conn, None
+        if conn is not None:  # closed, never reused: it may still hold a lock
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(), timeout=5)
+            self._connections.give(conn, broken=True)
+
+
 class Locks:
     """Take, check and release advisory locks on the database's lock connections."""
 
     def __init__(self, database: Database) -> None:
         self._db = database
         self._releasing: set[asyncio.Future[None]] = set()
+        connections = database.lock_connections
+        self._line = LockLine(connections) if connections is not None else None
+        self._users: dict[str, int] = {}  # keys asked for in this process, and by how many
+        self._mine: dict[str, asyncio.Lock] = {}
 
     @contextlib.asynccontextmanager
     async def session_lock(self, key: str, poll: float = 0.05) -> AsyncIterator[None]:
         """Hold a session's lane across processes (PostgreSQL advisory lock; SQLite: no-op).
 
         One gateway process per SQLite file needs no more than the in-process lanes; on
-        PostgreSQL every process that wants to run a turn for `key` waits here first.
+        PostgreSQL every process that wants to run a turn for `key` waits here first. The
+        locks share one connection, where a second take of a lock would succeed; so this
+        process's own askers for `key` take turns here first.
         """
-        lock = await self.advisory_lock(lock_id("session:" + key), wait=True, poll=poll)
-        try:
+        line = self._line
+        if line is None:
             yield
+            return
+        self._users[key] = self._users.get(key, 0) + 1
+        mine = self._mine.setdefault(key, asyncio.Lock())
+        try:
+            async with mine:
+                await self._take(line, lock_id("session:" + key), poll)
+                try:
+                    yield
+                finally:
+                    await asyncio.shield(self._release(line, lock_id("session:" + key)))
         finally:
-            if lock is not None:
-                await asyncio.shield(lock.release())
+            self._users[key] -= 1
+            if not self._users[key]:
+                del self._users[key], self._mine[key]
+
+    async def _take(self, line: LockLine, lock: int, poll: float) -> None:
+        delay = poll
+        while not await line.ask(lock, take=True):
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    async def _release(self, line: LockLine, lock: int) -> None:
+        try:
+            await line.ask(lock, take=False)
+        except Exception:  # the connection is gone, and the lock with it
+            log.debug("session lock %d released with its connection", lock, exc_info=True)
+
+    async def close(self) -> None:
+        if self._line is not None:
+            await self._line.close()
 
     async def advisory_lock(
         self, lock_id: int, *, wait: bool, poll: float = 0.05

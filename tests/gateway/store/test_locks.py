@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from gateway.store import Store
 from gateway.store.locks import LockBusyError
@@ -67,3 +70,111 @@ async def test_sqlite_needs_no_lock(tmp_path: object) -> None:
     async with store.session_lock("k"):
         pass
     await store.close()
+
+
+async def _advisory_holders(store: Store) -> list[int]:
+    """The backend pids holding advisory locks in this store's database."""
+
+    def read(db: Any) -> list[int]:
+        rows = db.exec(text(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )).all()
+        return [int(r[0]) for r in rows]
+
+    return await store.database.read(read)
+
+
+async def test_a_process_holds_its_session_locks_on_one_connection(
+    postgres: ThrowawayPostgres,
+) -> None:
+    one, two = await _stores(postgres)
+    try:
+        entered = asyncio.Event()
+        leave = asyncio.Event()
+        inside = 0
+
+        async def turn(key: str) -> None:
+            nonlocal inside
+            async with one.session_lock(key):
+                inside += 1
+                if inside == 20:
+                    entered.set()
+                await leave.wait()
+
+        turns = [asyncio.create_task(turn(f"webchat:dm:{n}")) for n in range(20)]
+        await asyncio.wait_for(entered.wait(), 10)
+        holders = await _advisory_holders(one)
+        assert len(holders) == 20 and len(set(holders)) == 1, "20 locks, one backend"
+        with pytest.raises(asyncio.TimeoutError):  # another process still waits for each
+            async with asyncio.timeout(0.3):
+                async with two.session_lock("webchat:dm:7", poll=0.02):
+                    pass
+        leave.set()
+        await asyncio.wait_for(asyncio.gather(*turns), 10)
+        assert await _advisory_holders(one) == [], "every lock released"
+        async with two.session_lock("webchat:dm:7"):
+            pass
+    finally:
+        await one.close()
+        await two.close()
+
+
+async def test_askers_in_one_process_take_turns_for_the_same_session(
+    postgres: ThrowawayPostgres,
+) -> None:
+    one, two = await _stores(postgres)
+    order: list[str] = []
+    try:
+        async def turn(name: str, hold: float) -> None:
+            async with one.session_lock("telegram:dm:1"):
+                order.append(f"{name} in")
+                await asyncio.sleep(hold)
+                order.append(f"{name} out")
+
+        await asyncio.gather(turn("a", 0.2), turn("b", 0))
+        assert order == ["a in", "a out", "b in", "b out"], "the shared connection re-enters"
+        async with two.session_lock("telegram:dm:1"):  # released as often as taken
+            pass
+    finally:
+        await one.close()
+        await two.close()
+
+
+async def test_a_cancelled_waiter_leaves_no_lock_behind(postgres: ThrowawayPostgres) -> None:
+    one, two = await _stores(postgres)
+    try:
+        async with two.session_lock("slack:dm:9"):
+            waiting = asyncio.create_task(_take(one, "slack:dm:9", []))
+            await asyncio.sleep(0.2)
+            waiting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiting
+        await asyncio.sleep(0.1)
+        assert await _advisory_holders(one) == []
+        async with asyncio.timeout(5), two.session_lock("slack:dm:9"):
+            pass
+    finally:
+        await one.close()
+        await two.close()
+
+
+async def test_a_lost_lock_connection_is_said_and_replaced(
+    postgres: ThrowawayPostgres, caplog: pytest.LogCaptureFixture
+) -> None:
+    one, two = await _stores(postgres)
+    try:
+        async with one.session_lock("discord:dm:3"):
+            [pid] = await _advisory_holders(one)
+            await one.database.read(
+                lambda db: db.exec(text(f"SELECT pg_terminate_backend({pid})")).all()
+            )
+            # The server let the lock go with its connection: another process may take it.
+            async with asyncio.timeout(5), two.session_lock("discord:dm:3", poll=0.02):
+                pass
+        async with asyncio.timeout(5), one.session_lock("discord:dm:4"):
+            assert len(await _advisory_holders(one)) == 1
+        assert "lost the connection holding this process's session locks" in caplog.text
+    finally:
+        await one.close()
+        await two.close()
