@@ -52,8 +52,9 @@ CHECKPOINT_EVERY = 200
 threshold is reached after about this many turns)."""
 
 
-LOCK_POOL = 64
-"""PostgreSQL: advisory-lock connections kept open between turns (see `Database`)."""
+LOCK_CONNECTIONS = 8
+"""PostgreSQL: connections holding advisory locks at once: the one holding every session lock
+of this process (`LockLine`), the scheduler leader's, and any other lock held apart."""
 
 HOT_CONNECTIONS = 8
 """PostgreSQL: hot-path steps in flight at once (each on an asyncpg connection of its own);
@@ -92,13 +93,9 @@ class Database:
                 self.url, pool_size=threads + 2, max_overflow=4, pool_pre_ping=True
             )
             event.listen(self.engine, "connect", _postgres_utc)
-            # Advisory locks live as long as the backend connection holding them: one
-            # connection per held lock (a session's lane, the scheduler's leader). Up to
-            # LOCK_POOL stay open between turns: opening one starts a backend (~1 ms of server
-            # CPU), and every turn holds one.
-            self.lock_connections = Connections(
-                self.url, LOCK_POOL + 256, keep=LOCK_POOL
-            )
+            # Advisory locks live as long as the backend connection holding them (gateway/
+            # store/locks.py): the session locks share one, the leader's lock has its own.
+            self.lock_connections = Connections(self.url, LOCK_CONNECTIONS, keep=2)
             workers = threads
             # Every hot-path statement is a keyed lookup or write, which a generic plan serves;
             # left to choose, the server plans `id = ANY(:ids)` anew on every call (~130 µs of
