@@ -88,13 +88,20 @@ class LockLine:
     def __init__(self, connections: Connections) -> None:
         self._connections = connections
         self._conn: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop `_conn` belongs to
         self._asked: list[tuple[int, bool, asyncio.Future[bool] | None]] = []
         """Requests not yet sent, in order; a release nobody waits for has no future."""
         self._running: asyncio.Task[None] | None = None
 
     async def ask(self, lock_id: int, take: bool) -> bool:
         """Take (without waiting for another holder) or release `lock_id`; did it?"""
-        answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # a connection (and a run) of a loop that is gone
+            conn, self._conn, self._running, self._asked = self._conn, None, None, []
+            if conn is not None:
+                self._connections.give(conn, broken=True)
+            self._loop = loop
+        answer: asyncio.Future[bool] = loop.create_future()
         self._asked.append((lock_id, take, answer))
         if self._running is None:
             self._running = asyncio.create_task(self._run())

@@ -90,6 +90,14 @@ def asyncpg_dsn(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
+def discard(conn: Any) -> None:
+    """Close a connection at once, without a word to the server (which then drops its locks
+    and any open transaction). One of an event loop already closed cannot be told to: its
+    socket goes with the object."""
+    with contextlib.suppress(RuntimeError):  # "Event loop is closed"
+        conn.terminate()
+
+
 class Connections:
     """asyncpg connections opened as needed and kept for reuse, at most `limit` in use.
 
@@ -118,7 +126,7 @@ class Connections:
         loop = asyncio.get_running_loop()
         if self._loop is not loop or self._slots is None:
             for conn in self._idle:  # opened on a loop that is gone: no await possible
-                conn.terminate()
+                discard(conn)
             self._idle = []
             self._loop, self._slots = loop, asyncio.Semaphore(self.limit)
         return self._slots
@@ -145,9 +153,9 @@ class Connections:
         if self._slots is not None and self._loop is asyncio.get_running_loop():
             self._slots.release()
         if broken or conn.is_closed() or len(self._idle) >= self.keep:
-            conn.terminate()
+            discard(conn)
         elif conn.is_in_transaction():  # a step left it mid-transaction: never reuse
-            conn.terminate()
+            discard(conn)
         else:
             self._idle.append(conn)
 
@@ -171,9 +179,9 @@ class Connections:
         self._loop = self._slots = None
         for conn in idle:
             if not mine:
-                conn.terminate()
+                discard(conn)
                 continue
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(conn.close(), timeout=5)
             if not conn.is_closed():
-                conn.terminate()
+                discard(conn)

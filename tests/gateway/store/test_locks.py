@@ -178,3 +178,24 @@ async def test_a_lost_lock_connection_is_said_and_replaced(
     finally:
         await one.close()
         await two.close()
+
+
+def test_a_store_used_from_a_second_event_loop_takes_its_locks_there(
+    postgres: ThrowawayPostgres,
+) -> None:
+    """The CLI runs one event loop per command; a connection is bound to the loop that made it."""
+    store = Store(postgres.new_database())
+
+    async def first() -> None:
+        await store.init()
+        async with store.session_lock("webchat:dm:1"):
+            pass
+
+    async def second() -> list[int]:
+        async with store.session_lock("webchat:dm:1"):
+            held = await _advisory_holders(store)
+        await store.close()
+        return held
+
+    asyncio.run(first())
+    assert len(asyncio.run(second())) == 1

@@ -105,3 +105,27 @@ async def test_an_unreachable_server_is_one_clear_line() -> None:
         assert db.failure is not None, "/healthz reports it without touching the database"
     finally:
         await db.close()
+
+
+def test_a_database_used_from_a_second_event_loop_opens_its_own_connections(
+    postgres: ThrowawayPostgres,
+) -> None:
+    """The CLI runs one event loop per command; the first loop's connections stay behind."""
+    db = Database(postgres.new_database())
+
+    def one(cursor: Any) -> Any:
+        cursor.execute("SELECT 1")
+        return cursor.fetchone()[0]
+
+    async def first() -> Any:
+        await db.open()
+        return await db.fast(one)
+
+    async def second() -> Any:
+        try:
+            return await asyncio.wait_for(db.fast(one), 10)
+        finally:
+            await db.close()
+
+    assert asyncio.run(first()) == 1
+    assert asyncio.run(second()) == 1
