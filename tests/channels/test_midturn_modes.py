@@ -20,7 +20,7 @@ from gateway.app import Gateway
 from gateway.config import Config
 from gateway.web.server import WebServer, build_app
 from tests.conftest import MakeConfig
-from tests.fakes import FakeOpenAI, stall_stream
+from tests.fakes import FakeOpenAI, reply, stall_stream
 from tests.fakes.discord_server import FakeDiscord
 from tests.fakes.slack_server import FakeSlack, im_message
 from tests.fakes.telegram_server import FakeTelegram
@@ -28,8 +28,9 @@ from tests.helpers.midturn import (
     INTERRUPT_CUT,
     SCENARIOS,
     Chat,
+    Gate,
+    arrived,
     settle,
-    steer_without_a_boundary,
     until,
 )
 
@@ -250,8 +251,18 @@ async def test_messages_arriving_mid_turn(
 async def test_steer_falls_back_to_a_follow_up_without_a_boundary(
     platform: Platform, fake_llm: FakeOpenAI
 ) -> None:
+    """Steer, but the running turn's call is its last (no tool round): a follow-up answers."""
     gateway, chat = await platform("steer")
-    await steer_without_a_boundary(gateway, chat, fake_llm)
+    gate = Gate()
+    fake_llm.script(gate.hold(reply("first answer")))
+    await chat.send("one")
+    await fake_llm.wait_for_requests(1)
+    await chat.send("two")
+    await arrived(gateway, 1)
+    gate.open()
+    assert await chat.replies(2) == ["first answer", "echo: two"]
+    await settle(gateway)
+    assert len(fake_llm.requests) == 2
 
 
 async def test_an_interrupted_preview_is_edited_into_the_cut_reply(

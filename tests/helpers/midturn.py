@@ -167,20 +167,6 @@ async def steer(gateway: Gateway, chat: Chat, llm: FakeOpenAI) -> None:
     assert await chat.replies(1) == ["both answered"]
 
 
-async def steer_without_a_boundary(gateway: Gateway, chat: Chat, llm: FakeOpenAI) -> None:
-    """Steer, but the running turn's call is its last (no tool round): a follow-up answers."""
-    gate = Gate()
-    llm.script(gate.hold(reply("first answer")))
-    await chat.send("one")
-    await llm.wait_for_requests(1)
-    await chat.send("two")
-    await arrived(gateway, 1)
-    gate.open()
-    assert await chat.replies(2) == ["first answer", "echo: two"]
-    await settle(gateway)
-    assert len(llm.requests) == 2
-
-
 async def interrupt(gateway: Gateway, chat: Chat, llm: FakeOpenAI) -> None:
     """A message arriving while the model writes stops the turn: the words so far are stored
     (marked interrupted) and sent with a note, then the new message is answered."""
