@@ -1,4 +1,5 @@
-"""The per-message path in plain SQL on the driver's own connection (sqlite3 or psycopg).
+"""The per-message path in plain SQL on a driver's own connection (sqlite3, or asyncpg through
+the DB-API cursor of gateway/store/postgres.py).
 
 Every message costs a handful of statements: accept, claim, read the summary and new history,
 finish the turn. Through the ORM each statement pays for sessions, events and instrumented
@@ -132,7 +133,8 @@ def _defaults(cls: type[SQLModel]) -> dict[str, tuple[Callable[[], Any] | None, 
 
 @lru_cache(maxsize=256)
 def _pyformat(statement: str) -> str:
-    """`:name` → `%(name)s` for psycopg (literal `%` doubled)."""
+    """`:name` → `%(name)s`, the DB-API style the PostgreSQL cursor numbers (`postgres.dollar`;
+    literal `%` doubled)."""
     return re.sub(r"(?<![:\w]):([A-Za-z_]\w*)", r"%(\1)s", statement.replace("%", "%%"))
 
 
@@ -268,8 +270,8 @@ class HotPath:
 
     def _each(self, cursor: Any, statement: str, params: list[dict[str, Any]]) -> None:
         """`statement` once per parameter set. One set (a turn answering one message, the
-        usual case) is a plain execute: psycopg runs `executemany` in pipeline mode, whose
-        Python side costs more than the statement."""
+        usual case) is a plain execute: a driver's `executemany` (asyncpg's batches its rows)
+        costs more than that one statement."""
         if len(params) == 1:
             cursor.execute(self.d.sql(statement), params[0])
         elif params:
@@ -508,7 +510,7 @@ class HotPath:
         """`end_turn` on PostgreSQL: every write a CTE of one statement. The reply's seq comes
         from the session's UPDATE (`s`); the CTEs touch disjoint rows, as they must. Each new
         row travels as one JSON parameter (`json_populate_record`): few parameters and a short
-        text keep psycopg's query cache and prepared statement in use."""
+        text keep the driver's prepared-statement cache in use."""
         params = self._finish_params(end.session_id, **end.usage)
         seq = "(SELECT next_seq - 1 FROM s)"
         parts = [f"s AS ({_pyformat(FINISH_TURN)})"]

@@ -116,14 +116,11 @@ class LockLine:
                     rows = await conn.fetch(
                         _TAKE_OR_RELEASE, [b[0] for b in batch], [b[1] for b in batch]
                     )
-                except BaseException as exc:
+                except Exception as exc:
                     self._drop()
                     for _id, _take, answer in batch:
                         if answer is not None and not answer.done():
-                            answer.set_exception(exc if isinstance(exc, Exception) else
-                                                 ConnectionError("the lock connection closed"))
-                    if not isinstance(exc, Exception):
-                        raise
+                            answer.set_exception(exc)
                     continue
                 for (lock_id, take, answer), row in zip(batch, rows, strict=True):
                     if answer is None:
@@ -171,8 +168,8 @@ class Locks:
         self._releasing: set[asyncio.Future[None]] = set()
         connections = database.lock_connections
         self._line = LockLine(connections) if connections is not None else None
-        self._users: dict[str, int] = {}  # keys asked for in this process, and by how many
-        self._mine: dict[str, asyncio.Lock] = {}
+        self._mine: dict[str, tuple[asyncio.Lock, int]] = {}
+        """Per session key asked for in this process: its lock here, and how many hold or wait."""
 
     @contextlib.asynccontextmanager
     async def session_lock(self, key: str, poll: float = 0.05) -> AsyncIterator[None]:
@@ -187,19 +184,22 @@ class Locks:
         if line is None:
             yield
             return
-        self._users[key] = self._users.get(key, 0) + 1
-        mine = self._mine.setdefault(key, asyncio.Lock())
+        mine, users = self._mine.get(key) or (asyncio.Lock(), 0)
+        self._mine[key] = (mine, users + 1)
+        lock = lock_id("session:" + key)
         try:
             async with mine:
-                await self._take(line, lock_id("session:" + key), poll)
+                await self._take(line, lock, poll)
                 try:
                     yield
                 finally:
-                    await asyncio.shield(self._release(line, lock_id("session:" + key)))
+                    await asyncio.shield(self._release(line, lock))
         finally:
-            self._users[key] -= 1
-            if not self._users[key]:
-                del self._users[key], self._mine[key]
+            _mine, users = self._mine[key]
+            if users == 1:
+                del self._mine[key]
+            else:
+                self._mine[key] = (mine, users - 1)
 
     async def _take(self, line: LockLine, lock: int, poll: float) -> None:
         delay = poll
