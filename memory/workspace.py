@@ -65,9 +65,12 @@ def ensure_workspace(path: Path) -> list[Path]:
             created.append(folder)
     for name, text in (("AGENTS.md", agents_template()), ("MEMORY.md", MEMORY_TEMPLATE)):
         target = path / name
-        if not target.exists():
-            target.write_text(text, encoding="utf-8")
-            created.append(target)
+        try:  # "x": another process starting on this workspace may be writing it right now
+            with target.open("x", encoding="utf-8") as file:
+                file.write(text)
+        except FileExistsError:
+            continue
+        created.append(target)
     return created
 
 

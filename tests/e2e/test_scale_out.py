@@ -56,6 +56,7 @@ async def _start(config: Path, cwd: Path) -> tuple[asyncio.subprocess.Process, s
     if "listening on" not in line:  # it stopped: say why
         assert proc.stderr is not None
         err = (await asyncio.wait_for(proc.stderr.read(), timeout=10)).decode()
+        await _stop(proc)  # reaped here, not by a later test's garbage collection
         raise AssertionError(f"gatehouse run did not start: {line!r}\n{err[-3000:]}")
     return proc, line.rsplit(" ", 1)[-1].strip()
 
@@ -80,7 +81,14 @@ async def _each_answered_once_in_order(
     config.write_text(config_text, encoding="utf-8")
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    procs = await asyncio.gather(_start(config, tmp_path / "a"), _start(config, tmp_path / "b"))
+    started = await asyncio.gather(
+        _start(config, tmp_path / "a"), _start(config, tmp_path / "b"), return_exceptions=True
+    )
+    procs = [one for one in started if not isinstance(one, BaseException)]
+    if len(procs) < len(started):  # one did not start: stop the other, say why
+        for proc, _url in procs:
+            await _stop(proc)
+        raise next(one for one in started if isinstance(one, BaseException))
     urls = [url for _proc, url in procs]
     answered: dict[str, list[str]] = {}
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -443,3 +444,31 @@ def test_oversized_files_are_not_indexed(
     index.refresh()
     assert index.search("hugeword") == []
     assert index.search("peanuts") == []  # DAY2 is over 200 bytes too: dropped
+
+
+def test_processes_opening_a_new_index_at_once_each_open_it(tmp_path: Path) -> None:
+    """Two `gatehouse run` on one workspace open its index file at the same moment; each
+    checks and upgrades the schema in turn (both adding the same column failed one of them)."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    failures: list[BaseException] = []
+
+    def open_it(db_path: Path, start: threading.Barrier) -> None:
+        start.wait()
+        try:
+            MemoryIndex(db_path, ws).close()
+        except BaseException as exc:  # collected: a thread's exception would be lost
+            failures.append(exc)
+
+    for attempt in range(5):
+        db_path = tmp_path / f"index-{attempt}.db"
+        start = threading.Barrier(6)
+        threads = [threading.Thread(target=open_it, args=(db_path, start)) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert failures == []
+        with sqlite3.connect(db_path) as db:
+            columns = {row[1] for row in db.execute("PRAGMA table_info(transcripts)")}
+        assert {"role", "created_at", "name"} <= columns
