@@ -5,7 +5,8 @@ runs in a process of its own; PostgreSQL is a throwaway cluster (tests/postgres.
 spreads `--sessions` chats over the processes like a load balancer would (by session, so a chat
 always reaches the same process unless it dies). Every chat first says one message, all at once
 (timed apart: "first msgs/s", a burst of new chats: each creates its session and the processes
-open their connections), then `--messages` more per chat, each after the previous reply: the
+open their connections; sent once the embedding model has warmed up, see `_settled`), then
+`--messages` more per chat, each after the previous reply: the
 steady state a running gateway is in ("msgs/s"). Every reply is checked.
 
 On a 2-core machine the extra processes share the same two cores with PostgreSQL, the model and
@@ -54,6 +55,18 @@ async def _start(config: Path, cwd: Path) -> tuple[asyncio.subprocess.Process, s
     return proc, line.rsplit(" ", 1)[-1].strip()
 
 
+async def _settled(url: str) -> None:
+    """Wait out the embedding model's warm-up after start (a core for seconds, in the
+    background): a burst sent meanwhile would time the warm-up, not the chats."""
+    async with aiohttp.ClientSession() as http:
+        for _ in range(1200):
+            async with http.get(f"{url}/healthz") as resp:
+                if (await resp.json())["memory_search"] not in ("loading", "embedding"):
+                    return
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{url}: the embedding model did not finish loading in 120 s")
+
+
 async def _run(
     label: str, database_url: str, processes: int, llm_url: str, sessions: int, messages: int
 ) -> dict[str, Any]:
@@ -71,6 +84,8 @@ async def _run(
         for n in range(processes):
             (root / f"p{n}").mkdir()
             procs.append(await _start(config, root / f"p{n}"))
+        for _proc, url in procs:
+            await _settled(url)
         latencies: list[float] = []
         try:
             connector = aiohttp.TCPConnector(limit=sessions)

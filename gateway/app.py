@@ -193,6 +193,19 @@ class Gateway:
         await self.store.init()
         await self.resolver.start(fetch_metadata=fetch_metadata)
 
+    @property
+    def memory_search(self) -> str:
+        """What memory_search ranks by now (for /healthz): "off" (`[memory] embeddings = false`),
+        "loading" (the model warms up after start; BM25 meanwhile), "embedding" (the index's rows
+        get their vectors), the search mode once ready, or "bm25" (the model did not load: the
+        reason is in the log). Loading takes a core for seconds; a probe can wait it out."""
+        if not self.config.memory.embeddings:
+            return "off"
+        loading = self._encoder_task is not None and not self._encoder_task.done()
+        if self.memory_index.encoder is None:
+            return "loading" if loading else "bm25"
+        return "embedding" if loading else self.config.memory.search_mode
+
     async def _load_encoder(self) -> None:
         """Load and warm up the embedding model (slow: off the event loop, once per process),
         give it to the memory index and embed what lacks a vector; until then, and without

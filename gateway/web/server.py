@@ -158,6 +158,7 @@ async def healthz(request: web.Request) -> web.Response:
             "database": "ok" if failure is None else f"failing: {failure}",
             "llm_configured": gateway.llm.configured,
             "active_lanes": gateway.lanes.active,
+            "memory_search": gateway.memory_search,
         },
         status=200 if failure is None else 503,
     )

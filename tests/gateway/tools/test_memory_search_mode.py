@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 
 import pytest
 
@@ -56,6 +57,7 @@ async def test_without_the_model_search_is_bm25_and_says_why_once(
         try:
             assert gw._encoder_task is not None
             await gw._encoder_task
+            assert gw.memory_search == "bm25"  # what /healthz says
             await gw.tools.call("memory_write", json.dumps({"text": "staging DB is db7"}), CTX)
             found = await search(gw, "staging")
             assert "db7" in found and "ranked by" not in found
@@ -88,3 +90,28 @@ async def test_start_embeds_what_lacks_a_vector_with_progress_in_the_log(
             await gw.stop()
     progress = [r.getMessage() for r in caplog.records if "embedded" in r.getMessage()]
     assert progress and progress[-1].startswith(f"memory search: embedded {rows}/{rows} rows")
+
+
+async def test_the_state_of_memory_search_is_loading_until_the_model_is_ready(
+    make_config: MakeConfig, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/healthz's "memory_search": a probe (or a benchmark) can wait out the model's warm-up,
+    which takes a core for seconds after start."""
+    loaded = threading.Event()
+
+    def slow_model() -> tuple[HashingEncoder, str]:
+        loaded.wait(10)
+        return HashingEncoder(32), ""
+
+    monkeypatch.setattr(gateway.app, "shared_encoder", slow_model)
+    gw = Gateway(make_config(fake_llm, memory={"embeddings": True}))
+    await gw.start()
+    try:
+        assert gw.memory_search == "loading"
+        loaded.set()
+        assert gw._encoder_task is not None
+        await gw._encoder_task
+        assert gw.memory_search == "hybrid"
+    finally:
+        loaded.set()
+        await gw.stop()

@@ -31,7 +31,9 @@ async def test_page_and_health(base_url: str) -> None:
             assert r.status == 200
             assert "/api/messages" in await r.text()
         async with http.get(f"{base_url}/healthz") as r:
-            assert (await r.json())["status"] == "ok"
+            health = await r.json()
+        assert health["status"] == "ok"
+        assert health["memory_search"] == "off"  # the tests' config: [memory] embeddings = false
 
 
 @pytest.mark.parametrize(
