@@ -9,8 +9,8 @@ what, and when.
 
 from __future__ import annotations
 
+import fcntl
 import re
-import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,9 +26,6 @@ MAX_READ_LINES = 400
 
 ATTRIBUTION = re.compile(r"^\s{0,3}##\s+\d{2}:\d{2}:\d{2}\s+·")
 """An entry heading: `## 14:03:12 · <session key>`."""
-
-_append_lock = threading.Lock()  # appends come from asyncio.to_thread workers (one process)
-
 
 class NoteError(ValueError):
     """A note or read request that cannot be honoured; the message is meant for the model."""
@@ -145,9 +142,12 @@ def append_note(
         heading += f" · {_one_line(source)}"
     relative = f"{NOTES_DIR}/{local:%Y-%m-%d}.md"
     target = resolve_in_workspace(root, relative, write=True)
-    with _append_lock:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        existing = target.read_bytes() if target.exists() else b""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with target.open("ab") as handle:
+        # Held until written: appends come from worker threads and from every process on this
+        # workspace (each open is its own flock, so threads exclude each other too).
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        existing = target.read_bytes()
         created = not existing
         if created:
             prefix = f"# {local:%Y-%m-%d}\n"
@@ -156,8 +156,7 @@ def append_note(
         else:
             prefix = ""
         lines_before = existing.count(b"\n") + prefix.count("\n")
-        with target.open("a", encoding="utf-8", newline="\n") as handle:
-            handle.write(f"{prefix}\n{heading}\n{body}\n")  # one write: one O_APPEND chunk
+        handle.write(f"{prefix}\n{heading}\n{body}\n".encode())  # one write: one O_APPEND chunk
     start = lines_before + 2  # a blank line, then the heading
     return NoteEntry(
         path=relative,

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
@@ -172,6 +175,46 @@ def test_concurrent_appends_do_not_interleave(ws: Path) -> None:
         key, first, second = block.rstrip("\n").split("\n")
         n, i = first.removeprefix("worker ").split(" entry ")
         assert key == f"s{n}" and second == f"second line {n}/{i}"
+
+
+_APPENDER = """
+import json, sys
+from datetime import UTC, datetime
+from pathlib import Path
+from memory.notes import append_note
+ws, n = Path(sys.argv[1]), int(sys.argv[2])
+now = datetime(2025, 3, 1, 9, 0, tzinfo=UTC)
+sys.stdin.readline()  # every process starts appending at once
+for i in range(50):
+    entry = append_note(ws, f"process {n} entry {i}", session_key=f"p{n}", tz="UTC", now=now)
+    print(json.dumps([f"process {n} entry {i}", entry.start_line]), flush=True)
+"""
+
+
+def test_processes_sharing_a_workspace_append_whole_entries_at_their_lines(ws: Path) -> None:
+    """Two `gatehouse run` on one workspace write today's note at once: one date header, every
+    entry whole, and each append's line numbers (what memory_write answers) point at it."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _APPENDER, str(ws), str(n)], cwd=Path(__file__).parents[2],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        for n in range(4)
+    ]
+    for proc in procs:  # all started (imports done) before any begins
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.flush()
+    outputs = [proc.communicate(timeout=60)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0, 0, 0]
+    lines = (ws / "memory" / "2025-03-01.md").read_text(encoding="utf-8").split("\n")
+    assert lines.count("# 2025-03-01") == 1
+    said = [json.loads(line) for output in outputs for line in output.splitlines()]
+    assert len(said) == 200
+    for body, start in said:
+        assert lines[start - 1].startswith("## 09:00:00 · p") and lines[start] == body
 
 
 def test_read_lines_windows_and_numbers(ws: Path) -> None:
