@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -20,75 +21,65 @@ def test_psycopg_parameters_become_numbered_ones() -> None:
     assert names == ("a", "b")
 
 
-async def test_a_step_reads_json_and_times_as_the_orm_does(postgres: ThrowawayPostgres) -> None:
-    db = Database(postgres.new_database())
+@pytest.fixture
+async def db(postgres: ThrowawayPostgres) -> AsyncIterator[Database]:
+    """An open Database on a fresh throwaway database."""
+    database = Database(postgres.new_database())
     try:
-        await db.open()
-
-        def step(cursor: Any) -> Any:
-            cursor.execute(
-                "SELECT %(doc)s::json, now(), %(n)s::bigint + %(n)s", {"doc": '{"a": [1]}', "n": 2}
-            )
-            return cursor.fetchone()
-
-        doc, now, four = await db.fast(step)
-        assert db.hot.d.load_json(doc) == {"a": [1]} and four == 4  # JSON comes as its text
-        assert now.utcoffset() is not None and now.utcoffset().total_seconds() == 0
+        await database.open()
+        yield database
     finally:
-        await db.close()
+        await database.close()
 
 
-async def test_a_failed_transaction_rolls_back_and_its_connection_is_reused(
-    postgres: ThrowawayPostgres,
-) -> None:
-    db = Database(postgres.new_database())
+async def test_a_step_reads_json_and_times_as_the_orm_does(db: Database) -> None:
+    def step(cursor: Any) -> Any:
+        cursor.execute(
+            "SELECT %(doc)s::json, now(), %(n)s::bigint + %(n)s", {"doc": '{"a": [1]}', "n": 2}
+        )
+        return cursor.fetchone()
+
+    doc, now, four = await db.fast(step)
+    assert db.hot.d.load_json(doc) == {"a": [1]} and four == 4  # JSON comes as its text
+    assert now.utcoffset() is not None and now.utcoffset().total_seconds() == 0
+
+
+async def test_a_failed_transaction_rolls_back_and_its_connection_is_reused(db: Database) -> None:
     forgotten: list[str] = []
     db.on_rollback(lambda: forgotten.append("cache"))
-    try:
-        await db.open()
 
-        def write_then_fail(cursor: Any) -> None:
-            cursor.execute("CREATE TABLE t (id int PRIMARY KEY)")
-            cursor.execute("INSERT INTO t VALUES (1), (1)")
+    def write_then_fail(cursor: Any) -> None:
+        cursor.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        cursor.execute("INSERT INTO t VALUES (1), (1)")
 
-        with pytest.raises(db.integrity_errors):
-            await db.fast(write_then_fail, write=True)
-        assert forgotten == ["cache"], "a repository's cache forgets what the rollback undid"
+    with pytest.raises(db.integrity_errors):
+        await db.fast(write_then_fail, write=True)
+    assert forgotten == ["cache"], "a repository's cache forgets what the rollback undid"
 
-        def exists(cursor: Any) -> Any:
-            cursor.execute("SELECT to_regclass('t')")
-            return cursor.fetchone()[0]
+    def exists(cursor: Any) -> Any:
+        cursor.execute("SELECT to_regclass('t')")
+        return cursor.fetchone()[0]
 
-        assert await db.fast(exists) is None, "the CREATE TABLE was rolled back with the rest"
-    finally:
-        await db.close()
+    assert await db.fast(exists) is None, "the CREATE TABLE was rolled back with the rest"
 
 
-async def test_a_cancelled_step_never_hands_on_its_transaction(
-    postgres: ThrowawayPostgres,
-) -> None:
-    db = Database(postgres.new_database())
-    try:
-        await db.open()
+async def test_a_cancelled_step_never_hands_on_its_transaction(db: Database) -> None:
+    def slow(cursor: Any) -> None:
+        cursor.execute("CREATE TABLE IF NOT EXISTS t (id int)")
+        cursor.execute("SELECT pg_sleep(30)")
 
-        def slow(cursor: Any) -> None:
-            cursor.execute("CREATE TABLE IF NOT EXISTS t (id int)")
-            cursor.execute("SELECT pg_sleep(30)")
+    step = asyncio.create_task(db.fast(slow, write=True))
+    await asyncio.sleep(0.5)
+    step.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await step
 
-        step = asyncio.create_task(db.fast(slow, write=True))
-        await asyncio.sleep(0.5)
-        step.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await step
+    def in_transaction(cursor: Any) -> Any:
+        cursor.execute("SELECT to_regclass('t')")  # the cancelled transaction's table
+        return cursor.fetchone()[0]
 
-        def in_transaction(cursor: Any) -> Any:
-            cursor.execute("SELECT to_regclass('t')")  # the cancelled transaction's table
-            return cursor.fetchone()[0]
-
-        for _ in range(3):  # whichever connection answers is outside that transaction
-            assert await asyncio.wait_for(db.fast(in_transaction), 10) is None
-    finally:
-        await db.close()
+    for _ in range(3):  # whichever connection answers is outside that transaction
+        assert await asyncio.wait_for(db.fast(in_transaction), 10) is None
 
 
 async def test_an_unreachable_server_is_one_clear_line() -> None:
