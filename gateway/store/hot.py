@@ -162,6 +162,7 @@ PLACE = (
     "SELECT first FROM a"
 )
 """PostgreSQL: `ALLOCATE_SEQS` and the messages' seqs in one statement (`HotPath.place`)."""
+FORGET_OUTBOX = "DELETE FROM outbox WHERE id = ANY(CAST(:ids AS bigint[])) RETURNING id"
 _INSERTED = [c for c in MESSAGE_COLUMNS if c != "id"]
 _INSERT_MESSAGE = (
     f"INSERT INTO messages ({', '.join(_INSERTED)}) "
@@ -447,10 +448,16 @@ class HotPath:
         }
 
     def forget_outbox(self, cursor: Any, ids: Sequence[int]) -> int:
-        """Delete these outbox rows (their replies were sent); how many there were."""
-        marks = ", ".join(f":id{n}" for n in range(len(ids)))
-        params = {f"id{n}": i for n, i in enumerate(ids)}
-        cursor.execute(self.d.sql(f"DELETE FROM outbox WHERE id IN ({marks}) RETURNING id"), params)
+        """Delete these outbox rows (their replies were sent); how many there were. PostgreSQL
+        gets one statement text whatever the count (batches vary: a text a count would be
+        prepared anew and crowd the statement caches)."""
+        if self.d.sqlite:
+            marks = ", ".join(f":id{n}" for n in range(len(ids)))
+            statement = f"DELETE FROM outbox WHERE id IN ({marks}) RETURNING id"
+            params: dict[str, Any] = {f"id{n}": i for n, i in enumerate(ids)}
+        else:
+            statement, params = FORGET_OUTBOX, {"ids": list(ids)}
+        cursor.execute(self.d.sql(statement), params)
         return len(cursor.fetchall())
 
     def finish_turn(self, cursor: Any, session_id: int, **usage: Any) -> int:
