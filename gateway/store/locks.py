@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from gateway.store.engine import Database
-from gateway.store.postgres import Connections
+from gateway.store.postgres import Connections, close
 
 log = logging.getLogger(__name__)
 
@@ -59,17 +59,15 @@ class AdvisoryLock:
 
     async def release(self) -> None:
         """Unlock and hand the connection back; a broken connection is dropped (which unlocks)."""
+        broken = True
         try:
             if self.held:
                 await self.conn.fetchval("SELECT pg_advisory_unlock($1)", self.lock_id)
+            broken = False
         except Exception:
-            self.connections.give(self.conn, broken=True)
-        except BaseException:
-            self.connections.give(self.conn, broken=True)
-            raise
-        else:
-            self.connections.give(self.conn)
+            pass  # closing the connection unlocks
         finally:
+            self.connections.give(self.conn, broken=broken)
             self.held = False
 
 
@@ -155,8 +153,7 @@ class LockLine:
             await asyncio.gather(self._running, return_exceptions=True)
         conn, self._conn = self._conn, None
         if conn is not None:  # closed, never reused: it may still hold a lock
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(conn.close(), timeout=5)
+            await close(conn)
             self._connections.give(conn, broken=True)
 
 

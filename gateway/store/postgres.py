@@ -98,6 +98,14 @@ def discard(conn: Any) -> None:
         conn.terminate()
 
 
+async def close(conn: Any) -> None:
+    """Close a connection telling the server (at most 5 s), or else at once."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(conn.close(), timeout=5)
+    if not conn.is_closed():
+        discard(conn)
+
+
 class Connections:
     """asyncpg connections opened as needed and kept for reuse, at most `limit` in use.
 
@@ -152,9 +160,8 @@ class Connections:
         """Hand back a connection from `take`; `broken` (or no room to keep it) closes it."""
         if self._slots is not None and self._loop is asyncio.get_running_loop():
             self._slots.release()
-        if broken or conn.is_closed() or len(self._idle) >= self.keep:
-            discard(conn)
-        elif conn.is_in_transaction():  # a step left it mid-transaction: never reuse
+        # A step that left it mid-transaction: never reuse it either.
+        if broken or conn.is_closed() or conn.is_in_transaction() or len(self._idle) >= self.keep:
             discard(conn)
         else:
             self._idle.append(conn)
@@ -178,10 +185,7 @@ class Connections:
         mine = self._loop is asyncio.get_running_loop()
         self._loop = self._slots = None
         for conn in idle:
-            if not mine:
-                discard(conn)
-                continue
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(conn.close(), timeout=5)
-            if not conn.is_closed():
+            if mine:
+                await close(conn)
+            else:
                 discard(conn)
