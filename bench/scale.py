@@ -36,7 +36,7 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import fake_llm_process, pct
+from bench.common import fake_llm_process, paired_ratio, pct
 from tests.postgres import ThrowawayPostgres
 
 GATEHOUSE = str(Path(sys.executable).parent / "gatehouse")
@@ -151,11 +151,9 @@ async def measure(sessions: int, messages: int, repeat: int) -> list[dict[str, A
                         )
     finally:
         pg.stop()
+
     def paired(setup: tuple[str, int], base: tuple[str, int]) -> float:
-        ratios = sorted(
-            r["msgs_per_s"] / b["msgs_per_s"] for r, b in zip(runs[setup], runs[base], strict=True)
-        )
-        return round(ratios[len(ratios) // 2], 2)
+        return round(paired_ratio({"runs": runs[setup]}, {"runs": runs[base]}, "msgs_per_s"), 2)
 
     rows = []
     for setup in setups:
