@@ -37,11 +37,9 @@ by a lock serves those worker threads.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
 import math
-import os
 import sqlite3
 import threading
 import time
@@ -81,7 +79,7 @@ from memory.vectors import (
     forget_vectors,
     one_blas_thread,
 )
-from memory.workspace import scan_workspace
+from memory.workspace import exclusive, scan_workspace
 
 Corpus = Literal["notes", "transcripts", "all"]
 SearchMode = Literal["bm25", "vector", "hybrid"]
@@ -147,20 +145,6 @@ _MESSAGE_COLUMNS = (("role", "TEXT"), ("created_at", "TEXT"), ("name", "TEXT"))
 with role NULL is a whole range from `add_transcript` (how index files before them archived)."""
 _DERIVED_TABLES = ("chunks_fts", "chunks", "files")
 """What an unknown layout may rebuild from the files. Never the transcripts or identifiers."""
-
-
-@contextmanager
-def _exclusive(path: Path) -> Iterator[None]:
-    """Hold an exclusive flock on `path` for the block. Processes sharing a workspace open one
-    index file at once (two `gatehouse run`, a CLI command); its schema is checked and upgraded
-    by one at a time, or both would add the same column. A lock file of its own: closing any
-    descriptor of the database would drop SQLite's own POSIX locks."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,7 +268,10 @@ class MemoryIndex:
             else VectorIndex(encoder, self._conn, self._lock, self._transaction)
         )
         try:
-            with _exclusive(db_path.with_name(db_path.name + ".lock")):
+            # Processes sharing a workspace open this file at once (two `gatehouse run`, a CLI
+            # command): one at a time checks and upgrades the schema, or both add a column. A
+            # lock file of its own: closing a descriptor of the database drops SQLite's locks.
+            with exclusive(db_path.with_name(db_path.name + ".lock")):
                 self._setup()
         except BaseException:
             self._conn.close()

@@ -9,14 +9,19 @@ what, and when.
 
 from __future__ import annotations
 
-import fcntl
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from memory.workspace import NOTES_DIR, relative_name, resolve_in_workspace, split_lines
+from memory.workspace import (
+    NOTES_DIR,
+    exclusive,
+    relative_name,
+    resolve_in_workspace,
+    split_lines,
+)
 
 MAX_ENTRY_CHARS = 8_000
 """One entry's limit: a note is a durable fact, not a transcript dump."""
@@ -143,10 +148,9 @@ def append_note(
     relative = f"{NOTES_DIR}/{local:%Y-%m-%d}.md"
     target = resolve_in_workspace(root, relative, write=True)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with target.open("ab") as handle:
-        # Held until written: appends come from worker threads and from every process on this
-        # workspace (each open is its own flock, so threads exclude each other too).
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    # Held until written: appends come from worker threads and from every process on this
+    # workspace.
+    with exclusive(target), target.open("ab") as handle:
         existing = target.read_bytes()
         created = not existing
         if created:

@@ -10,9 +10,11 @@ reach outside this folder (no `..`, no absolute paths, no symlink escapes), and 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
@@ -54,6 +56,18 @@ class FileInfo:
 def agents_template() -> str:
     """The default AGENTS.md shipped with Gatehouse (the repo's top-level AGENTS.md)."""
     return (resources.files("memory") / "templates" / "AGENTS.md").read_text(encoding="utf-8")
+
+
+@contextmanager
+def exclusive(path: Path) -> Iterator[None]:
+    """Hold an exclusive flock on `path` (created if missing) for the block: other processes
+    on this workspace wait, and so do other threads (each open is a lock of its own)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def ensure_workspace(path: Path) -> list[Path]:
