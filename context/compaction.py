@@ -123,6 +123,9 @@ class CompactionResult:
     identifiers_in_summary: int = 0
     prompt: tuple[Message, ...] = ()
     """The next live prompt after this compaction (set by the engine), as the model gets it."""
+    pinned_seqs: tuple[int, ...] = ()
+    """Kept messages whose seq falls inside the covered range: the ask of the turn the range
+    cuts into. The runner stores them with the summary, and they are sent after it."""
 
     @property
     def committed(self) -> bool:
@@ -131,7 +134,11 @@ class CompactionResult:
 
 
 @dataclass(frozen=True, slots=True)
-class _Span:
+class Span:
+    """What a compaction summarizes and what stays verbatim after it. `kept` is the newest
+    messages, plus (before them) the ask of a turn the span cuts into, pinned: its seq falls
+    inside the summarized range, yet it is sent as it is."""
+
     compacted: list[Message]
     kept: list[Message]
 
@@ -139,7 +146,7 @@ class _Span:
 # -- splitting ------------------------------------------------------------------------------
 
 
-def split_recent(messages: Sequence[Message], recent_turns: int) -> _Span:
+def split_recent(messages: Sequence[Message], recent_turns: int) -> Span:
     """Keep the last `recent_turns` user turns (at most 12) verbatim; the rest is compacted."""
     recent_turns = max(0, min(recent_turns, 12))
     turns = split_turns(messages)
@@ -152,7 +159,7 @@ def split_recent(messages: Sequence[Message], recent_turns: int) -> _Span:
         cut = user_turns[-recent_turns]
     compacted = [m for t in turns[:cut] for m in t.messages]
     kept = [m for t in turns[cut:] for m in t.messages]
-    return _Span(compacted, kept)
+    return Span(compacted, kept)
 
 
 def chunk_ratio(messages: Sequence[Message], window: int) -> float:
@@ -788,13 +795,19 @@ async def compact(
     counter: TokenCounter,
     settings: CompactionSettings,
     summarize: SummaryCall,
+    span: Span | None = None,
 ) -> CompactionResult | None:
-    """Compact `messages` (the history after the previous summary's range).
+    """Compact `messages` (the history after the previous summary's range): `span` when the
+    caller chose what stays verbatim (the engine does, by the budget), else everything but
+    the last `recent_turns` user turns.
 
     Returns None when there is nothing to compact (everything is within the recent turns).
     """
     messages = counter.ensure_counted(messages)
-    span = split_recent(messages, settings.recent_turns)
+    if span is None:
+        span = split_recent(messages, settings.recent_turns)
+    else:
+        span = Span(counter.ensure_counted(span.compacted), counter.ensure_counted(span.kept))
     if not span.compacted:
         return None
     # Everything that can reach the summarizer or the summary is redacted first: the span, the
@@ -977,10 +990,15 @@ async def compact(
     )
     seqs = [m.seq for m in span.compacted if m.seq is not None]
     first = previous_first_seq if previous_first_seq is not None else (min(seqs) if seqs else None)
+    last = max(seqs) if seqs else None
+    pinned = tuple(
+        m.seq for m in span.kept if m.seq is not None and last is not None and m.seq <= last
+    )
     return CompactionResult(
         summary=final,
         first_seq=first,
-        last_seq=max(seqs) if seqs else None,
+        last_seq=last,
+        pinned_seqs=pinned,
         kept=span.kept,
         tokens_before=tokens_before,
         tokens_after=tokens_after,
@@ -1005,6 +1023,7 @@ __all__ = [
     "CompactionSettings",
     "Fitted",
     "Salient",
+    "Span",
     "SummaryCall",
     "archive_line",
     "augmentation",

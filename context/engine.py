@@ -14,12 +14,18 @@ history limit or the budget is reached, using token counts cached on each messag
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Protocol, runtime_checkable
 
 from context.budget import Budget, Tier, make_budget
-from context.compaction import CompactionResult, CompactionSettings, SummaryCall, split_recent
+from context.compaction import (
+    CompactionResult,
+    CompactionSettings,
+    Span,
+    SummaryCall,
+    split_recent,
+)
 from context.compaction import compact as run_compaction
 from context.history import choose_turns_to_drop, split_turns
 from context.identifiers import extract_identifiers
@@ -37,6 +43,7 @@ from context.pruning import (
     tool_result_cap_chars,
 )
 from context.quality import IDEAL_COMPRESSION
+from context.rounds import ask_of, split_units
 from context.tokens import TokenCounter
 from context.types import Identifier, Message
 
@@ -109,6 +116,15 @@ def drop_orphaned_tool_messages(messages: Sequence[Message]) -> list[Message]:
         else:
             out.append(m)
     return out
+
+
+def _pin_asks(span: Span, asks: set[int]) -> Span:
+    """`span` with the messages in `asks` (ids: this turn's user messages) kept, never
+    compacted: whatever `recent_turns` says, the ask a turn answers stays in its prompt."""
+    pinned = [m for m in span.compacted if id(m) in asks]
+    if not pinned:
+        return span
+    return Span([m for m in span.compacted if id(m) not in asks], [*pinned, *span.kept])
 
 
 def summary_message(summary: str) -> Message:
@@ -217,43 +233,60 @@ class DefaultContextEngine(BuiltinEngine):
         incoming = [count(m) for m in turn.incoming]
         fixed = system.tokens or 0
         fixed += sum(m.tokens or 0 for m in head) + settings.tools_tokens
-        incoming_tokens = sum(m.tokens or 0 for m in incoming)
+        # This turn's ask (its user messages) is sent whatever the budget; its tool rounds are
+        # budgeted like the history before them, newest first, and cut at round boundaries.
+        ask_tokens = sum(m.tokens or 0 for m in incoming if m.role == "user")
 
         # 1. History limit, in user turns.
         history = turn.history
+        n_hist = len(history)
         start = _history_start(history, settings.history_limit.limit)
+
         if start:
             notes.append(
                 f"history limit: {settings.history_limit.describe()}; "
                 f"{start} older messages not sent"
             )
 
-        # 2. Walk back from the newest message until well past what could ever fit. Old tool
-        #    results beyond the newest `keep_recent` are soft-trimmed, then cleared, once all
-        #    tool results together exceed their share; their pruned size is what counts.
+        # 2. Walk back from the newest message (this turn's rounds, then the history) until
+        #    well past what could ever fit. Old tool results of the history beyond the newest
+        #    `keep_recent` are soft-trimmed, then cleared, once they together exceed their
+        #    share; their pruned size is what counts. This turn's results are sent as stored
+        #    (capped when they arrived), so the prompt keeps its prefix from round to round;
+        #    when they outgrow the budget, the oldest rounds are cut (and compacted).
         ceiling = int(budget.usable * 1.21 / ratio) + 1  # just past the last tier boundary
-        room = ceiling - fixed - incoming_tokens
-        fit_room = int(budget.usable / ratio) - fixed - incoming_tokens
+        room = ceiling - fixed - ask_tokens
+        fit_room = int(budget.usable / ratio) - fixed - ask_tokens
         keep_recent = settings.keep_recent_tool_results
         tool_cap = budget.tool_results_cap
-        index = len(history)
+        pos = n_hist + len(incoming)
         acc = tool_acc = tools_seen = 0
         trimmed_n = cleared_n = 0
         fit_count: int | None = None  # how many of the newest messages fit the budget
-        fit_acc = 0
-        newest_first: list[Message] = []
-        while index > start and acc <= room:
-            index -= 1
-            m = history[index]
-            if m.tokens is None:
-                m = count(m)
+        walked: list[tuple[int, Message]] = []  # (position, message as sent), newest first
+        acc_at: list[int] = []  # tokens of walked[: k + 1]
+        whole: list[bool] = []  # walked[: k + 1] holds whole rounds (no result without its call)
+        open_results: set[str] = set()
+        pruned_at: set[int] = set()
+        while pos > start and acc <= room:
+            pos -= 1
+            in_turn = pos >= n_hist
+            if in_turn:
+                m = incoming[pos - n_hist]
+                if m.role == "user":
+                    continue
+            else:
+                m = history[pos]
+                if m.tokens is None:
+                    m = count(m)
             if m.role == "tool":
-                tools_seen += 1
                 tokens_m = m.tokens or 0
+                if not in_turn:
+                    tools_seen += 1
                 # Past the newest `keep_recent`, over the share; or one result larger than the
                 # whole share (an imported session's 50 KB log), which no prompt can carry.
-                if (tools_seen > keep_recent and tool_acc + tokens_m > tool_cap) or (
-                    tokens_m > tool_cap
+                if not in_turn and (
+                    tokens_m > tool_cap or (tools_seen > keep_recent and tool_acc + tokens_m > tool_cap)
                 ):
                     trimmed = m
                     if tool_acc + TRIMMED_RESULT_TOKENS <= tool_cap:
@@ -264,43 +297,34 @@ class DefaultContextEngine(BuiltinEngine):
                     else:
                         m = self._pruned(m, "clear", counter)
                         cleared_n += 1
-                tool_acc += m.tokens or 0
+                    pruned_at.add(pos)
+                if not in_turn:
+                    tool_acc += m.tokens or 0
+                if m.tool_call_id:
+                    open_results.add(m.tool_call_id)
+            elif m.tool_calls:
+                open_results.difference_update(c.id for c in m.tool_calls)
             tokens = m.tokens or 0
             if fit_count is None and acc + tokens > fit_room:
-                fit_count, fit_acc = len(newest_first), acc
+                fit_count = len(walked)
             acc += tokens
-            newest_first.append(m)
-        truncated_walk = index > start
+            walked.append((pos, m))
+            acc_at.append(acc)
+            whole.append(not open_results and m.role != "tool")
+        truncated_walk = pos > start
         pruned = trimmed_n + cleared_n
         if pruned:
             notes.append(
                 f"old tool results over their {tool_cap:,}-token share: "
                 f"{trimmed_n} trimmed, {cleared_n} cleared"
             )
-        local_all = fixed + acc + incoming_tokens
-        tier = (
-            Tier.COMPACT_THEN_DROP if truncated_walk else budget.tier(round(local_all * ratio))
-        )
-        if tier in (Tier.COMPACT, Tier.COMPACT_THEN_DROP) and fit_count is not None:
-            # Keep the newest messages that fit (whole turns); no scoring needed for this tier.
-            cut = fit_count
-            while cut > 0 and newest_first[cut - 1].role != "user":
-                cut -= 1
-                fit_acc -= newest_first[cut].tokens or 0
-            kept = newest_first[:cut][::-1]
-            history_tokens = fit_acc
-            dropped_desc_fast = [f"{len(newest_first) - cut} oldest messages (whole turns) not sent"]
-        else:
-            kept = newest_first[::-1]
-            history_tokens = acc
-            dropped_desc_fast = []
-
-        local_total = fixed + acc + incoming_tokens
+        local_total = fixed + acc + ask_tokens
         total = round(local_total * ratio)
+        tier = Tier.COMPACT_THEN_DROP if truncated_walk else budget.tier(total)
 
-        if round((fixed + incoming_tokens) * ratio) > budget.usable:
+        if round((fixed + ask_tokens) * ratio) > budget.usable:
             error = (
-                f"The new message needs {incoming_tokens:,} tokens; with the system prompt that "
+                f"The new message needs {ask_tokens:,} tokens; with the system prompt that "
                 f"is more than the {budget.usable:,} tokens usable of model "
                 f"{turn.model or settings.window.model!r}'s {budget.window:,}-token window "
                 f"({settings.window.source}). Please send it in smaller parts."
@@ -310,20 +334,53 @@ class DefaultContextEngine(BuiltinEngine):
             )
             return ContextPlan([], tuple(notes), facts, tier, error, tuple(counted))
 
-        # 4. Overflow tiers. The compaction tiers were cut to fit above (the runner compacts
-        #    and assembles again); a small overflow drops the least important turns (what is
-        #    sent when `small_overflow = "compact"` cannot compact), or a block of the oldest.
-        dropped_desc: list[str] = dropped_desc_fast
-        if tier is Tier.DROP_OLDEST and settings.small_overflow == "drop-blocks":
-            kept, dropped_desc = self._drop_block(
-                kept, budget.usable, fixed + incoming_tokens, ratio
-            )
-            history_tokens = sum(m.tokens or 0 for m in kept)
-        elif tier is Tier.DROP_OLDEST or (tier is not Tier.FITS and not dropped_desc_fast):
-            kept, dropped_desc = self._drop_to_fit(
-                kept, budget.usable, fixed + incoming_tokens, ratio, tier
-            )
-            history_tokens = sum(m.tokens or 0 for m in kept)
+        def cut_to_fit() -> tuple[int, list[int]]:
+            """How many of the newest walked messages fit, cut at a round boundary, and the
+            ask pinned with them when the cut falls inside an older turn."""
+            cut = fit_count if fit_count is not None else len(walked)
+            while True:
+                while cut > 0 and not whole[cut - 1]:
+                    cut -= 1
+                if cut == 0:
+                    return 0, []
+                oldest = walked[cut - 1][0]
+                if oldest >= n_hist or history[oldest].role == "user":
+                    return cut, []
+                pins = ask_of(history, oldest)
+                pinned = sum(count(history[p]).tokens or 0 for p in pins)
+                if acc_at[cut - 1] + pinned <= fit_room:
+                    return cut, pins
+                cut -= 1
+
+        def cut_note(cut: int, pins: Sequence[int]) -> list[str]:
+            left = len(walked) - cut + (pos - start) - len(pins)
+            kept_ask = f"; the ask at seq {history[pins[0]].seq} kept" if pins else ""
+            return [f"{left} oldest messages (whole rounds) not sent{kept_ask}"]
+
+        # 3. Overflow tiers. The compaction tiers are cut to fit (the runner compacts and
+        #    assembles again); a small overflow drops the least important turns of the history
+        #    (what is sent when `small_overflow = "compact"` cannot compact), or a block of the
+        #    oldest, and cuts at rounds when the turns left cannot make it fit.
+        pins: list[int] = []
+        chosen = walked
+        dropped_desc: list[str] = []
+        if tier in (Tier.COMPACT, Tier.COMPACT_THEN_DROP):
+            cut, pins = cut_to_fit()
+            chosen, dropped_desc = walked[:cut], cut_note(cut, pins)
+        elif tier is Tier.DROP_OLDEST:
+            older = [m for p, m in reversed(walked) if p < n_hist]
+            newer = [(p, m) for p, m in walked if p >= n_hist]
+            rest = fixed + ask_tokens + sum(m.tokens or 0 for _p, m in newer)
+            if settings.small_overflow == "drop-blocks":
+                left, dropped_desc = self._drop_block(older, budget.usable, rest, ratio)
+            else:
+                left, dropped_desc = self._drop_to_fit(older, budget.usable, rest, ratio, tier)
+            if round((rest + sum(m.tokens or 0 for m in left)) * ratio) <= budget.usable:
+                stays = {id(m) for m in left}
+                chosen = [(p, m) for p, m in walked if p >= n_hist or id(m) in stays]
+            else:
+                cut, pins = cut_to_fit()
+                chosen, dropped_desc = walked[:cut], cut_note(cut, pins)
         if tier is not Tier.FITS:
             notes.append(
                 f"over budget ({tier.value}): {'; '.join(dropped_desc) or 'nothing'} dropped"
@@ -334,8 +391,23 @@ class DefaultContextEngine(BuiltinEngine):
                     else ""
                 )
             )
+        sent: dict[int, Message] = dict(chosen)
+        for p in pins:
+            sent[p] = count(history[p])
+        for j, m in enumerate(incoming):
+            if m.role == "user":
+                sent[n_hist + j] = m
+        # What the budget kept out, or sent pruned, for the runner to archive.
+        left_out = tuple(
+            seq for p, m in walked
+            if (seq := m.seq) is not None and (p not in sent or p in pruned_at)
+        )
+        left_out_through = history[pos - 1].seq if truncated_walk else None
+        ordered = [sent[p] for p in sorted(sent)]
+        history_tokens = sum(m.tokens or 0 for p, m in sent.items() if p < n_hist)
+        incoming_tokens = sum(m.tokens or 0 for p, m in sent.items() if p >= n_hist)
         sent_local = fixed + history_tokens + incoming_tokens
-        sent = PlanTokens(
+        plan_tokens = PlanTokens(
             local_total,
             total,
             system=system.tokens or 0,
@@ -345,15 +417,16 @@ class DefaultContextEngine(BuiltinEngine):
             incoming=incoming_tokens,
             sent_local=sent_local,
             prompt=round(sent_local * ratio),
-            tool_results=sum(m.tokens or 0 for m in kept if m.role == "tool"),
+            tool_results=sum(m.tokens or 0 for m in ordered if m.role == "tool"),
         )
         facts = self._facts(
-            settings, budget, turn, start, sent, tier, pruned, tuple(dropped_desc)
+            settings, budget, turn, start, plan_tokens, tier, pruned, tuple(dropped_desc)
         )
-        body = drop_orphaned_tool_messages([*head, *kept, *incoming])
+        body = drop_orphaned_tool_messages([*head, *ordered])
         return ContextPlan(
             [system, *body], tuple(notes), facts, tier, None, tuple(counted),
             compact_early=settings.small_overflow == "compact",
+            left_out=left_out, left_out_through=left_out_through,
         )
 
     def _pruned(self, m: Message, mode: str, counter: TokenCounter) -> Message:
@@ -477,6 +550,39 @@ class DefaultContextEngine(BuiltinEngine):
     def compaction_threshold(self, settings: ContextSettings) -> int | None:
         return make_budget(settings.window.tokens, settings.budget).compact_at
 
+    @staticmethod
+    def _round_span(
+        turn_span: Span, target: int, measure: Callable[[Span], tuple[bool, int, int]]
+    ) -> tuple[Span, tuple[bool, int, int], int, int] | None:
+        """`turn_span` (the last turn kept whole) with the turn cut at its rounds: its ask and
+        as many of its newest rounds as `target` tokens hold (fewer until the prompt fits with
+        a summary). With the measure of the span, how many rounds are kept and compacted; None
+        when the turn holds nothing but its ask."""
+        units = split_units(turn_span.kept)
+        ask = units[0].messages if units and units[0].kind == "ask" else ()
+        body = units[1:] if ask else units
+        if not body:
+            return None
+        room = target - sum(m.tokens or 0 for m in ask)
+        keep = 0
+        for unit in reversed(body):
+            if room - unit.tokens < 0:
+                break
+            room -= unit.tokens
+            keep += 1
+        keep = min(keep, len(body) - 1)  # at least one round compacted, or nothing changes
+        while True:
+            older, newer = body[: len(body) - keep], body[len(body) - keep :]
+            span = Span(
+                [*turn_span.compacted, *(m for u in older for m in u.messages)],
+                [*ask, *(m for u in newer for m in u.messages)],
+            )
+            measured = measure(span)
+            if measured[0] or keep == 0:
+                rounds = sum(1 for u in newer if u.kind == "round")
+                return span, measured, rounds, sum(1 for u in older if u.kind == "round")
+            keep -= 1
+
     async def compact(
         self, turn: TurnContext, summarize: SummaryCall, instructions: str = ""
     ) -> CompactionResult | None:
@@ -527,12 +633,9 @@ class DefaultContextEngine(BuiltinEngine):
                 )
             )
 
-        # How many recent turns to keep verbatim: the configured number, fewer when they would
-        # crowd out the summary or exceed the history share.
-        recent = max(0, base.recent_turns)
-        room = 0
-        while True:
-            span = split_recent(messages, recent)
+        def measure(span: Span) -> tuple[bool, int, int]:
+            """Whether the prompt with `span.kept` fits with room for a summary; the kept
+            messages' tokens; the room left for the summary."""
             plan = live(None, span.kept)
             tokens = plan.tokens
             sent = usable_local
@@ -540,9 +643,16 @@ class DefaultContextEngine(BuiltinEngine):
             if tokens is not None:
                 sent = tokens.sent_local if tokens.sent_local is not None else usable_local
                 system_sent = tokens.system or 0
-            kept_tokens = sent - system_sent - settings.tools_tokens
             room = usable_local - sent - SUMMARY_MARGIN
             fits = plan.tier is Tier.FITS and room >= floor
+            return fits, sent - system_sent - settings.tools_tokens, room
+
+        # How many recent turns to keep verbatim: the configured number, fewer when they would
+        # crowd out the summary or exceed the history share.
+        recent = max(0, base.recent_turns)
+        while True:
+            span = split_recent(messages, recent)
+            fits, kept_tokens, room = measure(span)
             if recent <= 1 or (fits and (kept_tokens <= history_cap or room >= summary_cap)):
                 break
             recent -= 1
@@ -551,6 +661,18 @@ class DefaultContextEngine(BuiltinEngine):
                 f"kept {recent} recent turn(s) verbatim instead of {base.recent_turns}: the "
                 "others would leave the summary too little room"
             )
+        if recent <= 1 and (not fits or kept_tokens > history_cap):
+            # The last turn alone is larger than its share (one ask, a long tool loop): its ask
+            # stays pinned, its newest rounds verbatim, and the rounds before them compacted.
+            rounds = self._round_span(span, history_cap // 2, measure)
+            if rounds is not None:
+                span, (fits, kept_tokens, room), kept_rounds, compacted_rounds = rounds
+                notes.append(
+                    f"the last turn is larger than the {budget.history_cap:,}-token history "
+                    f"share: its ask pinned, its newest {kept_rounds} round(s) kept verbatim, "
+                    f"{compacted_rounds} earlier round(s) compacted"
+                )
+        span = _pin_asks(span, {id(m) for m in messages[len(history):] if m.role == "user"})
         summary_budget = min(summary_cap, room)
         knobs = replace(
             base,
@@ -566,6 +688,7 @@ class DefaultContextEngine(BuiltinEngine):
             counter=counter,
             settings=knobs,
             summarize=summarize,
+            span=span,
         )
         if result is None:
             return None

@@ -186,6 +186,13 @@ class ContextPlan:
     compact_early: bool = False
     """The small overflow (`Tier.DROP_OLDEST`) compacts too (`small_overflow = "compact"`):
     `messages` is then what is sent only if compaction cannot run."""
+    left_out: tuple[int, ...] = ()
+    """Seqs of stored messages the budget kept out of `messages` or sent pruned (dropped
+    rounds and turns, trimmed or cleared tool results): the runner archives them, so each is
+    one `history_search` away although no summary covers it."""
+    left_out_through: int | None = None
+    """Every stored message from the history limit's start through this seq is left out too
+    (the part of a long history the engine did not walk)."""
 
     @property
     def wants_compaction(self) -> bool:

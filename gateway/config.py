@@ -226,7 +226,18 @@ class LLMSection(_Strict):
     max_retries: int = Field(default=2, ge=0, le=10)
     stream: bool = True
     temperature: float | None = Field(default=None, ge=0, le=2)
-    max_tool_rounds: int = Field(default=8, ge=1, le=64)
+    max_tool_rounds: int = Field(
+        default=90, ge=1, le=5_000,
+        description="model calls with tool calls one turn may make (long agent work: hundreds)",
+    )
+    max_tool_calls_per_round: int = Field(
+        default=32, ge=1, le=1_000,
+        description="tool calls run from one model reply; the rest are answered 'not run'",
+    )
+    max_turn_seconds: float = Field(
+        default=1_800.0, ge=1, le=86_400,
+        description="wall-clock budget of one turn: its tool loop stops at the next round",
+    )
     max_tokens: int | None = Field(
         default=None, ge=1, description="cap on each reply's tokens; default: the server's own"
     )

@@ -108,33 +108,52 @@ async def compact_transcript(
         # as a live turn: what is printed is what the next model call would carry.
         base_prompt = system[0].text if system else config.gateway.system_prompt
         red_lines = runner.agents.red_lines()
+        # The transcript's last turn (from its last ask) is the turn in progress, as a live
+        # turn's own messages and tool rounds are: its ask is pinned, its rounds budgeted.
+        split = _last_ask(body)
         turn = TurnContext(
             session_key="transcript",
             system_prompt=f"{base_prompt}\n\n{red_lines}" if red_lines else base_prompt,
-            history=body,
-            incoming=[],
+            history=body[:split],
+            incoming=body[split:],
             model=gateway.llm.model,
             settings=replace(settings, tools_tokens=runner.tools_tokens()),
             compaction_refresh=runner.refresh_block(),
+        )
+        # The whole transcript with the system prompt and the tool schemas: what the model
+        # would be sent without compaction (the plan's own totals stop counting past the window).
+        whole = round(
+            (counter.count_message(Message(role="system", content=turn.system_prompt))
+             + runner.tools_tokens() + sum(m.tokens or 0 for m in body))
+            * settings.calibration_ratio
         )
         result = await gateway.engine.compact(turn, runner.summarize)
         if result is None or not result.committed:
             plan = gateway.engine.assemble(turn)
             tokens = plan.tokens
-            before = (tokens.calibrated_total if tokens else 0) or counter.count_messages(body)
-            after = ((tokens.prompt or 0) if tokens else 0) or before
+            after = ((tokens.prompt or 0) if tokens else 0) or whole
             if result is None:
                 return TranscriptCompaction(
-                    tuple(plan.messages), before, after, None, describe_compaction(None)
+                    tuple(plan.messages), whole, after, None, describe_compaction(None)
                 )
             return TranscriptCompaction(
-                tuple(plan.messages), result.tokens_before, after, CompactionReport.of(result)
+                tuple(plan.messages), whole, after, CompactionReport.of(result)
             )
         return TranscriptCompaction(
-            result.prompt, result.tokens_before, result.tokens_after, CompactionReport.of(result)
+            result.prompt, whole, result.tokens_after, CompactionReport.of(result)
         )
     finally:
         await gateway.close()
+
+
+def _last_ask(messages: list[Message]) -> int:
+    """Where the last turn starts: its ask (the user messages before its first reply)."""
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].role == "user":
+            while i > 0 and messages[i - 1].role == "user":
+                i -= 1
+            return i
+    return len(messages)
 
 
 async def export_messages(gateway: Gateway, key: str) -> list[Message]:

@@ -68,6 +68,7 @@ class Store:
         self.post_message = self.message_repo.post_message
         self.summary_and_history = self.message_repo.summary_and_history
         self.history = self.message_repo.history
+        self.messages_at = self.message_repo.messages_at
         self.recent_messages = self.message_repo.recent_messages
         self.mark_handled = self.message_repo.mark_handled
         self.mark_status = self.message_repo.mark_status

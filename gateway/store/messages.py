@@ -228,6 +228,19 @@ class MessageRepository:
         hot = self._db.hot
         return await self._db.fast(lambda cursor: hot.summary_and_history(cursor, session_id, known))
 
+    async def messages_at(self, session_id: int, seqs: Iterable[int]) -> list[Message]:
+        """The stored messages of a session at `seqs`, in seq order (a summary's pinned ask)."""
+        wanted = sorted(set(seqs))
+        if not wanted:
+            return []
+        stmt = (
+            select(MessageRow)
+            .where(MessageRow.session_id == session_id, col(MessageRow.seq).in_(wanted))
+            .order_by(col(MessageRow.seq))
+        )
+        rows = await self._db.read(lambda db: list(db.exec(stmt).all()))
+        return [row_to_message(r) for r in rows]
+
     async def history(self, session_id: int, after_seq: int = 0) -> list[Message]:
         hot = self._db.hot
         return await self._db.fast(lambda cursor: hot.history(cursor, session_id, after_seq))

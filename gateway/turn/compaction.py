@@ -25,7 +25,7 @@ from gateway.model.llm import LLMProvider
 from gateway.store import CompactionRow, SessionRow, Store
 from gateway.tools.memory import MemoryFlush
 from gateway.turn.archive import Archive, archive_entries
-from gateway.turn.history import RESET_REASON, HistoryCache, is_reset
+from gateway.turn.history import PINNED_KEY, RESET_REASON, HistoryCache, is_reset
 from gateway.turn.notices import TurnNotices
 from gateway.turn.prompt import TurnPrompts
 
@@ -62,6 +62,32 @@ class Compactor:
             return "no session"
         return compaction_blocked_reason(session, self.config.context.max_ineffective_compactions)
 
+    async def automatic(self, session_key: str, turn: TurnContext) -> CompactionResult | None:
+        """The compaction a turn's prompt asks for when it crosses the trigger (before any of
+        its model calls). Skipped while paused after ineffective compactions; during the
+        cool-down after a failed summary it runs on the extractive summary alone, without
+        calling the summarizer again, so a long tool loop keeps compacting (and archiving)
+        whatever the summarizer does."""
+        session = await self.store.get_session(session_key)
+        if session is None:
+            return None
+        paused = compaction_paused_reason(
+            session, self.config.context.max_ineffective_compactions
+        )
+        if paused is not None:
+            log.info("context %s: automatic compaction skipped: %s", session_key, paused)
+            return None
+        cooling = cooldown_reason(session)
+        summarize = self.summarize if cooling is None else summarizer_unavailable(cooling)
+        return await self.compact(session_key, turn, "", reason="overflow", summarize=summarize)
+
+    async def archive_left_out(self, session_key: str, messages: Sequence[Message]) -> None:
+        """Archive stored messages a prompt left out or sent pruned without a compaction (a
+        cut at rounds or turns, cleared tool results), so `history_search` finds them."""
+        if messages:
+            last = max(m.seq or 0 for m in messages)
+            await self._archive_covered(session_key, messages, last)
+
     async def flush_if_due(self, session_key: str, plan: ContextPlan) -> None:
         """The silent memory flush, once per compaction cycle, before compaction can run."""
         if self.flush is None:
@@ -85,9 +111,11 @@ class Compactor:
         return await self.compact(session_key, turn, instructions, reason=reason)
 
     async def compact(
-        self, session_key: str, turn: TurnContext, instructions: str, *, reason: str
+        self, session_key: str, turn: TurnContext, instructions: str, *, reason: str,
+        summarize: SummaryCall | None = None,
     ) -> CompactionResult | None:
-        """Compact `turn`'s history and store the summary; a failure starts a cool-down."""
+        """Compact `turn`'s history and store the summary; a failure starts a cool-down.
+        `summarize`: instead of the configured summarizer (the extractive-only one)."""
         session = await self.store.get_session(session_key)
         assert session is not None and session.id is not None
         started = time.perf_counter()
@@ -95,7 +123,7 @@ class Compactor:
         if notices is not None:
             await notices.compacting()
         try:
-            result = await self.engine.compact(turn, self.summarize, instructions)
+            result = await self.engine.compact(turn, summarize or self.summarize, instructions)
         except Exception:
             log.exception("compaction crashed for %s; history kept", session_key)
             await self.store.set_compaction_state(session.id, cooldown_until=self._cooldown())
@@ -135,6 +163,8 @@ class Compactor:
             identifiers_archived=len(result.identifiers) - result.identifiers_in_summary,
             seconds=round(time.perf_counter() - started, 3),
         )
+        if result.pinned_seqs:
+            quality[PINNED_KEY] = list(result.pinned_seqs)
         row = CompactionRow(
             session_id=session.id,
             first_seq=result.first_seq or 0,
@@ -256,12 +286,22 @@ class Compactor:
 
 def compaction_blocked_reason(session: SessionRow, max_ineffective: int) -> str | None:
     """Anti-thrash: a cool-down after a failed summary; a stop after ineffective compactions."""
+    return cooldown_reason(session) or compaction_paused_reason(session, max_ineffective)
+
+
+def cooldown_reason(session: SessionRow) -> str | None:
+    """Why the summarizer is not asked now (a cool-down after a failed summary), or None."""
     until = session.compaction_cooldown_until
     if until is not None:
         if until.tzinfo is None:
             until = until.replace(tzinfo=UTC)
         if until > datetime.now(UTC):
             return f"cooling down after a failed summary until {until:%H:%M:%S} UTC"
+    return None
+
+
+def compaction_paused_reason(session: SessionRow, max_ineffective: int) -> str | None:
+    """Why automatic compaction is paused (ineffective ones in a row), or None."""
     if session.ineffective_compactions >= max_ineffective:
         return (
             f"{session.ineffective_compactions} automatic compactions in a row did not get "
@@ -269,6 +309,19 @@ def compaction_blocked_reason(session: SessionRow, max_ineffective: int) -> str 
             "`gatehouse sessions compact`)"
         )
     return None
+
+
+def summarizer_unavailable(why: str) -> SummaryCall:
+    """A summarizer that is not asked (`why`): compaction uses its extractive summary."""
+
+    async def unavailable(prompt: list[Message]) -> str:
+        raise SummarizerUnavailableError(why)
+
+    return unavailable
+
+
+class SummarizerUnavailableError(RuntimeError):
+    """The summarizer is not asked now; compaction says why and uses the extractive summary."""
 
 
 def describe_compaction(result: CompactionResult | None) -> str:

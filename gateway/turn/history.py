@@ -29,6 +29,19 @@ def is_reset(row: CompactionRow | None) -> bool:
     )
 
 
+PINNED_KEY = "pinned_seqs"
+"""Where a compaction row keeps the seqs of the messages sent after its summary although its
+range covers them: the ask of the turn it cut into (`CompactionResult.pinned_seqs`)."""
+
+
+def pinned_seqs(row: CompactionRow | None) -> list[int]:
+    """The pinned seqs of a summary row (none for a reset or an older row)."""
+    if row is None or is_reset(row) or not isinstance(row.quality, dict):
+        return []
+    found = row.quality.get(PINNED_KEY) or []
+    return [int(s) for s in found if isinstance(s, int) and 0 < s <= row.last_seq]
+
+
 @dataclass
 class SessionView:
     """What the prompt is built from: the latest summary and the messages after its range."""
@@ -64,7 +77,8 @@ class HistoryCache:
             summary, _after, rows = await self.store.summary_and_history(session_id)
             return SessionView(
                 None if is_reset(summary) else summary,
-                [m for m in rows if m.meta.get("status") not in HIDDEN_STATUSES],
+                [*await self._pinned(session_id, summary),
+                 *(m for m in rows if m.meta.get("status") not in HIDDEN_STATUSES)],
             )
         known = self.known(session_id)
         cached = self._histories.pop(session_id, None)
@@ -73,12 +87,18 @@ class HistoryCache:
         else:
             summary, after, fresh = await self.store.summary_and_history(session_id, known)
         if cached is None or cached.after_seq != after:
-            cached = _Cached(after, [])
+            cached = _Cached(after, await self._pinned(session_id, summary))
         cached.messages.extend(m for m in fresh if m.meta.get("status") not in HIDDEN_STATUSES)
         self._histories[session_id] = cached  # re-inserted last: most recently used
         while len(self._histories) > self.sessions:
             self._histories.pop(next(iter(self._histories)))
         return SessionView(None if is_reset(summary) else summary, cached.messages)
+
+    async def _pinned(self, session_id: int, summary: CompactionRow | None) -> list[Message]:
+        """The messages a summary pins (sent right after it: the ask of the turn it cut
+        into), read once per summary."""
+        seqs = pinned_seqs(summary)
+        return await self.store.messages_at(session_id, seqs) if seqs else []
 
     def known(self, session_id: int) -> tuple[int, int] | None:
         """What the cached history holds: (the seq it starts after, its last seq)."""
@@ -86,7 +106,8 @@ class HistoryCache:
         if cached is None:
             return None
         last = cached.messages[-1].seq if cached.messages else None
-        return (cached.after_seq, last or cached.after_seq)
+        # A pinned message alone (its seq inside the covered range) is not what was read last.
+        return (cached.after_seq, max(last or 0, cached.after_seq))
 
     def append(self, session_id: int, rows: Iterable[MessageRow]) -> None:
         """Add a turn's freshly stored rows (a tool round) to the cached history."""

@@ -86,6 +86,9 @@ class TurnNotices:
     deliver: Deliver
     target: OutboundMessage
     """The turn's reply (its chat and thread); a notice answers no message of it."""
+    compactions: int = 0
+    """Compactions this turn has announced: a long tool loop may compact many times, and only
+    its first compaction is told to the chat (the others are logged)."""
 
     async def say(self, text: str) -> None:
         notice = replace(self.target, text=text, reply_to=None, answers=(), preview_id=None)
@@ -98,11 +101,13 @@ class TurnNotices:
             log.info("notice to %s not sent: %s", self.target.session_key, delivery.error)
 
     async def compacting(self) -> None:
-        await self.say(COMPACTING)
+        self.compactions += 1
+        if self.compactions == 1:
+            await self.say(COMPACTING)
 
     async def compacted(
         self, reason: str, result: CompactionResult | None, messages: Sequence[Message]
     ) -> None:
         """The line after a compaction; `/compact` answers with its own reply instead."""
-        if reason != "command":
+        if reason != "command" and self.compactions <= 1:
             await self.say(compacted_line(result, covered(messages, result)))

@@ -47,6 +47,7 @@ from gateway.turn.history import (
     SessionView,
     is_reset,
 )
+from gateway.turn.loop import ArchivedSeqs, ToolLoop
 from gateway.turn.midturn import TOOL_NOT_RUN, Arrivals, MidTurn, queue_mode
 from gateway.turn.notices import TurnNotices, with_cut_notice
 from gateway.turn.outbox import Deliver, DeliveryLog
@@ -118,6 +119,8 @@ class Runner:
     flush: MemoryFlush | None = None
     hooks: TurnHooks = field(default_factory=TurnHooks)
     last_plan: dict[str, ContextPlan] = field(init=False, default_factory=dict)
+    archived: ArchivedSeqs = field(init=False, default_factory=ArchivedSeqs)
+    """What this process archived of each session outside compactions (`_archive_left_out`)."""
 
     def __post_init__(self) -> None:
         self.agents = AgentsFile(self.config.workspace / "AGENTS.md")
@@ -272,9 +275,10 @@ class Runner:
             )
         compactions = self.compactions
         view = await self.view(session.id, read=read)
+        limits = self.config.llm
+        loop = ToolLoop(limits.max_turn_seconds, settings)
         overflow_retries = 0
-        compacted_this_turn = False
-        for _round in range(self.config.llm.max_tool_rounds):
+        for _round in range(limits.max_tool_rounds):
             # What arrived meanwhile, in queue modes steer and interrupt (midturn.py).
             self.histories.append(session.id, await mid.steer())
             if await mid.stop_due():
@@ -283,18 +287,16 @@ class Runner:
             plan = self.engine.assemble(turn)
             if plan.wants_flush:
                 await compactions.flush_if_due(session_key, plan)
-            if plan.wants_compaction and not compacted_this_turn:
-                blocked = await compactions.blocked(session_key)
-                if blocked is None:
-                    compacted_this_turn = True
-                    result = await compactions.compact(session_key, turn, "", reason="overflow")
-                    if result is not None:
-                        stats.compactions.append(result)
-                    view = await self.view(session.id)
-                    turn = self.turn_context(session_key, view, first_seq, settings)
-                    plan = self.engine.assemble(turn)
-                else:
-                    log.info("context %s: automatic compaction skipped: %s", session_key, blocked)
+            # Before every model call of the turn, not only its first: a long tool loop
+            # compacts its earlier rounds as often as it needs to (its ask stays pinned).
+            if plan.wants_compaction and loop.may_compact(plan):
+                result = await compactions.automatic(session_key, turn)
+                loop.compacted(plan, result)
+                if result is not None:
+                    stats.compactions.append(result)
+                view = await self.view(session.id)
+                turn = self.turn_context(session_key, view, first_seq, settings)
+                plan = self.engine.assemble(turn)
             stats.token_counts.update(self.histories.remember_counts(session.id, plan.counted))
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("context %s: %s", session_key, _facts_line(plan))
@@ -302,13 +304,15 @@ class Runner:
                 log.info("context %s: %s", session_key, note)
             if plan.error:
                 raise TurnRefusedError(plan.error)
+            await self._archive_left_out(session_key, view, plan)
             self.last_plan[session_key] = plan
             stats.note_pressure(plan)
+            lookup = view.summary is not None or self.archived.holds(session_key)
             try:
                 completion = await mid.call(
                     self.llm.complete(
                         plan.messages,
-                        all_specs if view.summary is not None else fresh_specs,
+                        all_specs if lookup else fresh_specs,
                         on_text=mid.on_text(preview),
                         cache_key=prompt_cache_key(session.agent, session_key),
                     )
@@ -349,14 +353,18 @@ class Runner:
             message = completion.message
             if not message.tool_calls:
                 text = with_cut_notice(message.text.strip(), completion.finish_reason)
-                return text or "(The model returned an empty reply.)"
+                return loop.with_notes(text or "(The model returned an empty reply.)")
             stats.tool_rounds += 1
             round_messages = [message]
-            for call in message.tool_calls:
-                if await mid.stop_due():  # the round stays whole: the calls left are not run
+            for index, call in enumerate(message.tool_calls):
+                not_run = (
+                    TOOL_NOT_RUN if await mid.stop_due()  # the round stays whole
+                    else loop.too_many(index, limits.max_tool_calls_per_round)
+                )
+                if not_run is not None:
                     round_messages.append(
                         Message(
-                            role="tool", content=TOOL_NOT_RUN, tool_call_id=call.id,
+                            role="tool", content=not_run, tool_call_id=call.id,
                             name=call.name, meta={"tool_error": True},
                         )
                     )
@@ -378,10 +386,32 @@ class Runner:
             round_messages = self.resolver.counter.ensure_counted(round_messages)
             rows = await self.store.append_messages(session.id, round_messages)
             self.histories.append(session.id, rows)
-        return (
-            f"I stopped after {self.config.llm.max_tool_rounds} rounds of tool calls without "
-            "finishing. Ask me to continue, or raise [llm] max_tool_rounds."
+            if loop.out_of_time():
+                return loop.with_notes(loop.time_limit_reply(stats.tool_rounds))
+        return loop.with_notes(
+            f"I stopped after {limits.max_tool_rounds:,} rounds of tool calls without "
+            "finishing (the turn's limit, [llm] max_tool_rounds). Ask me to continue, or raise "
+            "it."
         )
+
+    async def _archive_left_out(
+        self, session_key: str, view: SessionView, plan: ContextPlan
+    ) -> None:
+        """Archive what the plan left out of the prompt (or sent pruned) and no summary
+        covers, the first time it is left out: a prompt cut without a compaction (paused,
+        or a tool result cleared by its share) still keeps every message one lookup away."""
+        if not plan.left_out and plan.left_out_through is None:
+            return
+        done = self.archived.seqs(session_key)
+        wanted = set(plan.left_out)
+        through = plan.left_out_through if plan.left_out_through is not None else -1
+        todo = [
+            m for m in view.history
+            if m.seq is not None and m.seq not in done and (m.seq <= through or m.seq in wanted)
+        ]
+        if todo:
+            await self.compactions.archive_left_out(session_key, todo)
+            done.update(m.seq for m in todo if m.seq is not None)
 
     def _overflow_error(
         self, plan: ContextPlan, settings: ContextSettings, exc: ContextOverflowError

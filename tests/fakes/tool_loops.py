@@ -1,0 +1,262 @@
+"""Real-shaped agent runs: one ask followed by a long tool loop, as coding and operations agents
+produce them (the commonest shape of real agent work, and the one a turn-level context engine
+cannot cut).
+
+`agent_run(rounds, seed, zh=False)` builds, deterministically, one user ask (English or
+Chinese) followed by `rounds` tool rounds of a build-fixing agent: an assistant message with one
+to three tool calls (`run_command`, `read_file`, `grep`, `http_get`, `edit_file`) and their
+results, outputs from 1 KB to 50 KB (most of them a few KB, one in ten large), failing commands
+with their exit codes in text (`exit code 2`, `Command failed with exit status 1`, `returncode=137`)
+and in JSON (`{"exit_code": 2, "stderr": …}`), and in every round a planted identifier — a file
+path, a CI URL, a commit hash, a run uuid or a ticket id — in the call's arguments or in its
+output, the large ones deep inside it. A few rounds carry a line of the agent's own text.
+
+The `AgentRun` it returns says what was planted (`identifiers`, `failures` with command and exit
+code), so a test can check that after compaction each is in the prompt or one `history_search`
+away, and `jsonl()` writes it as `gatehouse context compact` and `sessions import` read it.
+`run_steps(run)` turns it into what a scripted fake model answers, round by round, for the live
+path (`tool_call` steps), with the outputs a test tool returns (`outputs`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from context.types import Message, ToolCall
+
+__all__ = ["AgentRun", "PlantedFailure", "agent_run", "ASK_EN", "ASK_ZH"]
+
+ASK_EN = (
+    "The nightly build of acme/billing on branch release/2026.12 has been red since Tuesday. "
+    "Find out why, fix it on a branch, run the whole test suite, and open a PR against "
+    "release/2026.12 that references BILL-4471. Do not touch the prod database and do not "
+    "force-push."
+)
+ASK_ZH = (
+    "acme/billing 的 release/2026.12 分支从周二开始夜间构建一直失败。请查明原因，在新分支上修复，"
+    "跑完整个测试套件，然后向 release/2026.12 提一个引用 BILL-4471 的 PR。不要动生产数据库，"
+    "也不要强制推送。"
+)
+
+_MODULES = (
+    "invoices", "ledger", "payments", "refunds", "tax", "webhooks", "exports", "reconcile",
+    "pricing", "dunning", "coupons", "usage",
+)
+_WORDS = (
+    "retry backoff schema migration cache worker queue invoice ledger payment refund tax "
+    "webhook export reconcile pricing timeout replica index rollout fixture assertion mock"
+).split()
+_FAIL_FORMS = ("text", "json", "status", "returncode")
+
+
+@dataclass(frozen=True, slots=True)
+class PlantedFailure:
+    round: int
+    tool: str
+    command: str
+    """The command (or path) the failing call was made with."""
+    exit_code: int
+
+
+@dataclass
+class AgentRun:
+    ask: str
+    messages: list[Message]
+    """The ask, then every round (assistant call message + its results), seq from 1."""
+    identifiers: list[str] = field(default_factory=list)
+    """One planted identifier per round, in round order (unique)."""
+    failures: list[PlantedFailure] = field(default_factory=list)
+    rounds: int = 0
+    zh: bool = False
+
+    def jsonl(self, system: str | None = None) -> str:
+        lines = [json.dumps({"role": "system", "content": system})] if system else []
+        lines += [json.dumps(m.to_openai(), ensure_ascii=False) for m in self.messages]
+        return "\n".join(lines) + "\n"
+
+    def round_messages(self, index: int) -> list[Message]:
+        """Round `index` (0-based): its assistant message and its results."""
+        start = self._starts[index]
+        end = self._starts[index + 1] if index + 1 < len(self._starts) else len(self.messages)
+        return self.messages[start:end]
+
+    _starts: list[int] = field(default_factory=list, repr=False)
+
+
+class _Gen:
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+
+    def words(self, n: int) -> str:
+        return " ".join(self.rng.choice(_WORDS) for _ in range(n))
+
+    def sha(self, salt: str) -> str:
+        return hashlib.sha1(f"{salt}{self.rng.random()}".encode()).hexdigest()
+
+    def size(self) -> int:
+        """Output bytes: most about 1 KB, one in ten up to 5 KB, one in fifty up to 50 KB
+        (135 rounds come to about 75k tokens, as real runs of that length do)."""
+        r = self.rng.random()
+        if r < 0.88:
+            return self.rng.randint(1_000, 1_400)
+        if r < 0.98:
+            return self.rng.randint(1_400, 5_000)
+        return self.rng.randint(5_000, 50_000)
+
+    def log_lines(self, size: int, module: str) -> list[str]:
+        lines: list[str] = []
+        total = 0
+        n = 0
+        while total < size:
+            n += 1
+            line = (
+                f"{n:05d} {module}: {self.words(self.rng.randint(6, 14))} "
+                f"({self.rng.randint(1, 999)} ms)"
+            )
+            lines.append(line)
+            total += len(line) + 1
+        return lines
+
+
+def _plant(identifier: str, lines: list[str], rng: random.Random) -> None:
+    """Put `identifier` on a line somewhere in the middle of `lines` (deep in a large one)."""
+    at = len(lines) // 2 + rng.randint(-len(lines) // 4, len(lines) // 4) if lines else 0
+    lines.insert(max(0, at), f"      note: see {identifier} for the earlier run")
+
+
+def agent_run(rounds: int, seed: int = 11, zh: bool = False, final_reply: bool = False) -> AgentRun:
+    """One ask, then `rounds` tool rounds (see the module docstring)."""
+    rng = random.Random(seed * 1_000 + rounds + (7 if zh else 0))
+    gen = _Gen(rng)
+    ask = ASK_ZH if zh else ASK_EN
+    messages: list[Message] = [Message(role="user", content=ask, seq=1)]
+    run = AgentRun(ask=ask, messages=messages, rounds=rounds, zh=zh)
+    seen: set[str] = set()
+    call_no = 0
+
+    def unique(make: Any) -> str:
+        while True:
+            value = str(make())
+            if value not in seen:
+                seen.add(value)
+                return value
+
+    for r in range(rounds):
+        run._starts.append(len(messages))
+        module = rng.choice(_MODULES)
+        kind = r % 5
+        planted = unique(
+            [
+                lambda: f"services/billing/{module}/handler_{rng.randint(100, 99_999)}.go",
+                lambda: f"https://ci.acme.dev/acme/billing/builds/{rng.randint(100_000, 999_999)}",
+                lambda: gen.sha(str(r)),
+                lambda: str(uuid.UUID(int=rng.getrandbits(128))),
+                lambda: f"BILL-{rng.randint(10_000, 99_999)}",
+            ][kind]
+        )
+        run.identifiers.append(planted)
+        failing = r % 9 == 4
+        calls = 1 + (rng.random() < 0.15) + (rng.random() < 0.05)
+        tool_calls: list[ToolCall] = []
+        results: list[Message] = []
+        text = None
+        if rng.random() < 0.15:
+            text = (
+                f"步骤 {r + 1}：{gen.words(6)}" if zh else
+                f"Step {r + 1}: {gen.words(8)}; checking {module} next."
+            )
+        for c in range(calls):
+            call_no += 1
+            call_id = f"call_{seed}_{call_no:06d}"
+            planted_in_args = c == 0 and r % 2 == 0
+            tool, args, output = _call(gen, rng, module, planted if planted_in_args else None)
+            lines = gen.log_lines(gen.size(), module)
+            if c == 0 and not planted_in_args:
+                _plant(planted, lines, rng)
+            body = "\n".join(lines)
+            if output:
+                body = output + "\n" + body
+            meta: dict[str, Any] = {}
+            if failing and c == 0:
+                code = rng.choice((1, 2, 3, 124, 127, 137, 255))
+                command = str(args.get("command") or args.get("path") or args.get("url"))
+                run.failures.append(PlantedFailure(r, tool, command, code))
+                form = _FAIL_FORMS[(r // 9) % len(_FAIL_FORMS)]
+                error_line = f"FAIL {module}: {gen.words(5)}"
+                if form == "json":
+                    body = json.dumps(
+                        {"exit_code": code, "stdout": body[-2_000:], "stderr": error_line}
+                    )
+                elif form == "status":
+                    body = f"{body}\n{error_line}\nCommand failed with exit status {code}"
+                elif form == "returncode":
+                    body = f"{body}\n{error_line}\nreturncode={code}"
+                else:
+                    body = f"{body}\n{error_line}\nexit code {code}"
+            tool_calls.append(ToolCall(call_id, tool, json.dumps(args, ensure_ascii=False)))
+            results.append(
+                Message(role="tool", content=body, tool_call_id=call_id, name=tool, meta=meta)
+            )
+        messages.append(Message(role="assistant", content=text, tool_calls=tuple(tool_calls)))
+        messages.extend(results)
+    if final_reply:
+        messages.append(
+            Message(
+                role="assistant",
+                content="完成了：PR 已提交。" if zh else "Done: the PR is open against release/2026.12.",
+            )
+        )
+    run.messages = [
+        Message(m.role, m.content, m.tool_calls, m.tool_call_id, m.name, seq=i + 1, meta=m.meta)
+        for i, m in enumerate(messages)
+    ]
+    return run
+
+
+def _call(
+    gen: _Gen, rng: random.Random, module: str, planted: str | None
+) -> tuple[str, dict[str, Any], str]:
+    """(tool, arguments, leading output line) of one call; `planted` goes into the
+    arguments when given."""
+    which = rng.choice(("run_command", "run_command", "read_file", "grep", "http_get", "edit_file"))
+    target = planted
+    if which == "read_file" or which == "edit_file":
+        path = target if target and "/" in target and not target.startswith("http") else (
+            f"services/billing/{module}/{gen.words(1)}_{rng.randint(1, 99)}.go"
+        )
+        args: dict[str, Any] = {"path": path}
+        if which == "edit_file":
+            args["old"] = gen.words(3)
+            args["new"] = gen.words(3)
+        if target and args["path"] != target:
+            args["reason"] = f"follow-up to {target}"
+        return which, args, f"--- {path}"
+    if which == "http_get":
+        url = target if target and target.startswith("http") else (
+            f"https://ci.acme.dev/acme/billing/builds/{rng.randint(1_000, 99_999)}/log"
+        )
+        args = {"url": url}
+        if target and url != target:
+            args["ref"] = target
+        return which, args, f"HTTP 200 {url}"
+    if which == "grep":
+        args = {"pattern": gen.words(1), "path": f"services/billing/{module}/"}
+        if target:
+            args["context"] = target
+        return which, args, ""
+    command = rng.choice(
+        (
+            f"go test ./services/billing/{module}/...",
+            f"make -C services/billing {module}",
+            f"git log --oneline -n 20 -- services/billing/{module}",
+            "go vet ./...",
+        )
+    )
+    if target:
+        command += f"  # {target}"
+    return "run_command", {"command": command}, f"$ {command}"
