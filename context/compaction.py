@@ -72,6 +72,8 @@ RULES_CHARS = 2_000
 ARCHIVE_TOOL = "history_search"
 IDENTIFIER_SHARE = 0.4
 """The most of the summary budget the identifier section may take: the other sections first."""
+FAILURE_SHARE = 0.25
+"""The most of the summary budget the tool-failures section may take (its newest failures)."""
 MODEL_IDENTIFIERS = 300
 """At most this many (most salient) identifiers are named to the summarizer as must-keep."""
 COVERED_SHARE = 0.7
@@ -226,12 +228,23 @@ def render_transcript(messages: Sequence[Message], window: int) -> tuple[str, li
     """Messages as plain text for the summarizer; oversized ones replaced by a note."""
     lines: list[str] = []
     omitted: list[str] = []
-    for m in messages:
+    repeats = 0  # tool results with the same text as the one before (a reply's "not run"s)
+    for i, m in enumerate(messages):
         tokens = m.tokens or 0
         if window and tokens > window // 2:
             note = f"[Large {m.role} (~{max(1, round(tokens / 1000))}K tokens) omitted]"
             omitted.append(note)
             lines.append(note)
+            continue
+        same = m.role == "tool" and i > 0 and messages[i - 1].role == "tool" and (
+            messages[i - 1].text == m.text
+        )
+        repeats = repeats + 1 if same else 0
+        if repeats >= 2:
+            if i + 1 == len(messages) or not (
+                messages[i + 1].role == "tool" and messages[i + 1].text == m.text
+            ):
+                lines.append(f"[{repeats - 1:,} more tool results with the same text]")
             continue
         lines.append(_render_message(m))
     return "\n\n".join(lines), omitted
@@ -276,14 +289,26 @@ MERGE_SYSTEM = (
 )
 
 
+def length_line(tokens: int | None) -> str:
+    """What the summarizer is told of the room its summary gets (none when unbounded)."""
+    if tokens is None:
+        return ""
+    return (
+        f"\n\nLength: the summary gets at most {tokens:,} tokens (about {tokens * 3 // 4:,} "
+        "words) before its identifier section, which is added after it; keep it within that "
+        "by dropping what matters least, never by cutting the latest ask."
+    )
+
+
 def chunk_prompt(
-    transcript: str, index: int, total: int, identifiers: Sequence[Identifier], instructions: str
+    transcript: str, index: int, total: int, identifiers: Sequence[Identifier], instructions: str,
+    length: int | None = None,
 ) -> list[Message]:
     ids = ", ".join(f"`{i.value}`" for i in identifiers) or "none"
     user = (
         f"Conversation part {index} of {total}:\n\n<conversation>\n{transcript}\n</conversation>"
         f"\n\nIdentifiers that must appear verbatim if they occur in this part: {ids}"
-    )
+    ) + length_line(length)
     if instructions:
         user += f"\n\nAdditional instructions from the user: {instructions}"
     return [Message(role="system", content=CHUNK_SYSTEM), Message(role="user", content=user)]
@@ -296,6 +321,7 @@ def merge_prompt(
     latest_ask: str | None,
     instructions: str,
     problems: Sequence[str] = (),
+    length: int | None = None,
 ) -> list[Message]:
     blocks = []
     if previous_summary:
@@ -306,6 +332,7 @@ def merge_prompt(
     user = "\n\n".join(blocks) + f"\n\nIdentifiers that must appear verbatim:\n{ids}"
     if latest_ask:
         user += f"\n\nThe latest user ask (quote it under ## Pending user asks): {latest_ask}"
+    user += length_line(length)
     if instructions:
         user += f"\n\nAdditional instructions from the user: {instructions}"
     if problems:
@@ -388,14 +415,44 @@ Suffix = tuple[str, str]
 SUFFIX_DROP_ORDER = ("recent", "files", "failures", "rules")
 
 
+FAILURES_HEADING = "## Tool failures"
+
+
+def earlier_failures(previous_summary: str | None) -> list[str]:
+    """The failure lines of the previous summary's `## Tool failures` section: a long loop
+    compacts many times, and each summary carries the newest failures of all its spans."""
+    if not previous_summary:
+        return []
+    section = find_sections(previous_summary).get(FAILURES_HEADING)
+    if section is None:
+        match = re.search(rf"^{FAILURES_HEADING}\s*\n(.*?)(?=^##\s|\Z)", previous_summary,
+                          re.MULTILINE | re.DOTALL)
+        section = match.group(1) if match else ""
+    return [line[2:].strip() for line in section.splitlines() if line.startswith("- ")]
+
+
 def augmentation(
-    compacted: Sequence[Message], kept: Sequence[Message], critical_rules: str
+    compacted: Sequence[Message], kept: Sequence[Message], critical_rules: str,
+    previous_summary: str | None = None, failure_tokens: int | None = None,
+    counter: TokenCounter | None = None,
 ) -> list[Suffix]:
-    """Suffix sections that code guarantees, whatever the model wrote."""
+    """Suffix sections that code guarantees, whatever the model wrote. The failures are the
+    newest of this span and the previous summary's, at most `MAX_TOOL_FAILURES`, and at most
+    `failure_tokens` (counted by `counter`): the rest are one `history_search` away."""
     sections: list[Suffix] = []
-    failures = tool_failures(compacted)
+    failures = list(dict.fromkeys([*earlier_failures(previous_summary), *tool_failures(compacted)]))
+    failures = failures[-MAX_TOOL_FAILURES:]
+    if failure_tokens is not None and counter is not None:
+        kept_failures: list[str] = []
+        room = failure_tokens
+        for line in reversed(failures):
+            room -= counter.count_text(line) + 2
+            if room < 0:
+                break
+            kept_failures.insert(0, line)
+        failures = kept_failures
     if failures:
-        sections.append(("failures", "## Tool failures\n" + "\n".join(f"- {f}" for f in failures)))
+        sections.append(("failures", f"{FAILURES_HEADING}\n" + "\n".join(f"- {f}" for f in failures)))
     read, modified = file_activity(compacted)
     if read or modified:
         lines = ["## Files"]
@@ -448,6 +505,62 @@ def archive_line(count: int, tool: str) -> str:
     )
 
 
+def framing_tokens(ranked_count: int, archive_tool: str, counter: TokenCounter) -> int:
+    """What a summary costs besides its body and suffix: the reference header, the identifier
+    heading and a worst-case archive line (`fit_summary` counts the same)."""
+    return counter.count_text(
+        "\n\n".join((REFERENCE_HEADER, IDENTIFIERS_HEADING, archive_line(max(1, ranked_count),
+                                                                        archive_tool)))
+    )
+
+
+def body_room(
+    budget: int, suffix: Sequence[Suffix], ranked_count: int, counter: TokenCounter,
+    identifier_share: float = IDENTIFIER_SHARE, archive_tool: str = ARCHIVE_TOOL,
+) -> int:
+    """The tokens a summary's body may take: the budget less its framing, the suffix sections
+    that survive a tight budget (failures and rules) and the identifier section's share."""
+    kept = [text for name, text in suffix if name in ("failures", "rules")]
+    rest = framing_tokens(ranked_count, archive_tool, counter)
+    rest += sum(counter.count_text(t) for t in kept)
+    return max(0, int(budget * (1 - max(0.0, min(identifier_share, 1.0)))) - rest)
+
+
+def shrink_body(body: str, tokens: int, counter: TokenCounter) -> str | None:
+    """`body` cut to `tokens`: whole bullet lines from the end of each section, the largest
+    sections first, the `## Pending user asks` section last (its latest ask is whole); None
+    when even the headings with one line each do not fit."""
+    if counter.count_text(body) <= tokens:
+        return body
+    matches = list(_HEADING_RE.finditer(body))
+    if not matches:
+        return None
+    sections: list[tuple[str, list[str]]] = []
+    for i, match in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(body)
+        lines = [x for x in body[match.end() : end].strip().splitlines() if x.strip()]
+        sections.append((match.group(0).strip(), lines))
+    sections = [(h, ls) for h, ls in sections if _canonical(h.lstrip("# ")) != "## State"] or sections
+
+    def render() -> str:
+        return "\n\n".join(h + ("\n" + "\n".join(ls) if ls else "") for h, ls in sections)
+
+    text = render()
+    while counter.count_text(text) > tokens:
+        candidates = [
+            (len(ls) - (1 if "Pending user asks" in h else 0), -i)
+            for i, (h, ls) in enumerate(sections) if len(ls) > 1
+        ]
+        if not candidates:
+            return None
+        _n, neg = max(candidates)
+        heading, lines = sections[-neg]
+        # Asks: the oldest goes first (the latest is the last line); elsewhere the last line.
+        lines.pop(0 if "Pending user asks" in heading else -1)
+        text = render()
+    return text
+
+
 @dataclass(frozen=True, slots=True)
 class Fitted:
     text: str
@@ -471,10 +584,10 @@ def fit_summary(
 ) -> Fitted | None:
     """Reference header + body + `## Exact identifiers` + suffix, within the budget.
 
-    The identifier section gets what the other sections leave, at most `identifier_share` of
-    the budget, filled in salience order; a closing line counts the identifiers it had no room
-    for and names the lookup tool. Suffix sections are dropped in `SUFFIX_DROP_ORDER` when the
-    body and suffix alone do not fit. None when the body alone cannot fit.
+    The identifier section gets what the other sections leave, filled in salience order; a
+    closing line counts the identifiers it had no room for and names the lookup tool. Suffix
+    sections are dropped in `SUFFIX_DROP_ORDER` when the body and suffix alone do not fit.
+    None when the body alone cannot fit (`body_room` says how large it may be).
     """
     budget = budget_tokens if budget_tokens is not None else 1 << 40
     sections = list(suffix)
@@ -509,7 +622,9 @@ def fit_summary(
     fixed_text = "\n".join([body, *(s for _n, s in sections)])
     listed = [r.identifier for r in ranked if r.value in fixed_text] if policy != "off" else []
     present = {i.value for i in listed}
-    room = min(budget - base_tokens, int(budget * max(0.0, min(identifier_share, 1.0))))
+    # Whatever the body kept, the identifier section fills what the rest leaves, most
+    # salient first (`identifier_share` is the room the body leaves it: `body_room`).
+    room = budget - base_tokens
     room_chars = max_chars - len(base)
     id_lines: list[str] = []
     if policy != "off":
@@ -835,6 +950,15 @@ async def compact(
         named = max(10, min(MODEL_IDENTIFIERS, int(budget * settings.identifier_share) // 8))
     must_keep = [r.identifier for r in ranked[:named]]
 
+    suffix = augmentation(
+        compacted, kept_redacted, settings.critical_rules, previous_summary,
+        None if budget is None else int(budget * FAILURE_SHARE), counter,
+    )
+    length = None
+    if budget is not None:
+        length = body_room(
+            budget, suffix, len(ranked), counter, settings.identifier_share, settings.archive_tool
+        )
     window = settings.window
     ratio = chunk_ratio(compacted, window)
     max_chunk = max(1_024, int(window * ratio) - 4_096)
@@ -856,6 +980,7 @@ async def compact(
                     len(chunks),
                     [ident for ident in must_keep if ident.value in text],
                     settings.instructions,
+                    length if single else None,
                 ),
                 log,
             )
@@ -863,7 +988,6 @@ async def compact(
         )
     )
     partials = [p for p in partial_results if p]
-    suffix = augmentation(compacted, kept_redacted, settings.critical_rules)
     source_texts = [m.text for m in compacted if m.text]
     kept_tokens = sum(m.tokens or 0 for m in span.kept)
     salient = salient_sentences(compacted, latest_ask)
@@ -893,7 +1017,7 @@ async def compact(
             if candidate is None or attempt > 0:
                 prompt = merge_prompt(
                     partials, previous_summary, must_keep, latest_ask,
-                    settings.instructions, problems,
+                    settings.instructions, problems, length,
                 )
                 candidate = await _call(summarize, prompt, log)
             label: str | None = None
@@ -932,11 +1056,24 @@ async def compact(
         if carried:
             notes.append(f"carried over {carried} decisions/TODOs/constraints the model dropped")
         fitted = fit(body)
-        if fitted is None:
-            notes.append(
-                f"the model's summary needs {counter.count_text(body):,} tokens, more than the "
-                f"{budget:,} available; used the extractive summary"
+        if fitted is None and budget is not None and length is not None:
+            # Longer than asked for: cut to its room at whole lines (least needed first).
+            shrunk = shrink_body(body, length, counter)
+            fitted = fit(shrunk) if shrunk is not None else None
+            wanted = counter.count_text(body) + framing_tokens(
+                len(ranked), settings.archive_tool, counter
             )
+            if fitted is not None:
+                notes.append(
+                    f"the model's summary with its header needs {wanted:,} tokens, more than "
+                    f"the {budget:,} available; cut to {length:,} tokens at whole lines"
+                )
+            else:
+                notes.append(
+                    f"the model's summary with its header needs {wanted:,} tokens, more than "
+                    f"the {budget:,} available, and cannot be cut to its {length:,}-token "
+                    "room; used the extractive summary"
+                )
     if fitted is None:
         if best is None:
             notes.append(
@@ -1027,6 +1164,7 @@ __all__ = [
     "SummaryCall",
     "archive_line",
     "augmentation",
+    "body_room",
     "carry_over",
     "chunk_prompt",
     "chunk_ratio",
@@ -1037,6 +1175,7 @@ __all__ = [
     "redact_messages",
     "render_transcript",
     "salient_sentences",
+    "shrink_body",
     "split_chunks",
     "split_recent",
     "tool_failures",

@@ -402,7 +402,10 @@ class DefaultContextEngine(BuiltinEngine):
             seq for p, m in walked
             if (seq := m.seq) is not None and (p not in sent or p in pruned_at)
         )
-        left_out_through = history[pos - 1].seq if truncated_walk else None
+        unwalked = (history[pos - 1] if pos <= n_hist else incoming[pos - 1 - n_hist]) if (
+            truncated_walk
+        ) else None
+        left_out_through = unwalked.seq if unwalked is not None else None
         ordered = [sent[p] for p in sorted(sent)]
         history_tokens = sum(m.tokens or 0 for p, m in sent.items() if p < n_hist)
         incoming_tokens = sum(m.tokens or 0 for p, m in sent.items() if p >= n_hist)

@@ -26,6 +26,7 @@ __all__ = [
     "CLEARED_PLACEHOLDER",
     "CappedOutput",
     "PruneResult",
+    "artifact_path",
     "cap_tool_output",
     "clear_old_results",
     "last_error_block",
@@ -132,6 +133,16 @@ class CappedOutput:
     @property
     def omitted_chars(self) -> int:
         return self.original_chars - self.kept_head - self.kept_middle - self.kept_tail
+
+
+_ARTIFACT_RE = re.compile(r"characters omitted; full output saved to (artifacts/[\w.-]+\.txt) \.\.\.\]")
+
+
+def artifact_path(text: str) -> str | None:
+    """The workspace-relative path a capped tool result names for its full output (the
+    marker `cap_tool_output` writes), or None."""
+    found = _ARTIFACT_RE.search(text)
+    return found.group(1) if found else None
 
 
 def cap_tool_output(text: str, max_chars: int, *, artifact: str | None = None) -> CappedOutput:

@@ -71,6 +71,7 @@ from memory.text import (
     message_chunks,
     query_terms,
     short_tokens,
+    with_outcome,
 )
 from memory.vectors import (
     VECTOR_SCHEMA,
@@ -675,10 +676,8 @@ class MemoryIndex:
         if rows:
             body = next((str(r[0]) for r in rows if value.lower() in str(r[0]).lower()), rows[0][0])
             role, created_at, name = rows[0][1], rows[0][2], rows[0][3]
-            return HistoryHit(
-                seq, str(role), created_at, centred_excerpt(str(body), [value]), "identifier",
-                score, name,
-            )
+            excerpt = with_outcome(centred_excerpt(str(body), [value]), str(rows[0][0]))
+            return HistoryHit(seq, str(role), created_at, excerpt, "identifier", score, name)
         legacy = self._conn.execute(
             "SELECT body, first_seq, last_seq FROM transcripts WHERE session_key = ? "
             "AND role IS NULL AND first_seq <= ? AND last_seq >= ? ORDER BY id",

@@ -191,6 +191,25 @@ def centred_excerpt(text: str, needles: Sequence[str], width: int = HISTORY_EXCE
     return ("…" if begin > 0 else "") + piece + ("…" if end < len(text) else "")
 
 
+OUTCOME_TAG_RE = re.compile(r"^\[failed(?:, exit code -?\d+)?\]")
+"""How an archived tool call or result that failed begins (`outcome_tag`)."""
+
+
+def outcome_tag(exit_code: int | None) -> str:
+    """The tag an archived failed tool call and its result carry: found by words ("failed",
+    "exit code 2") and shown with every hit of the message."""
+    return f"[failed, exit code {exit_code}]" if exit_code is not None else "[failed]"
+
+
+def with_outcome(excerpt: str, first_chunk: str) -> str:
+    """`excerpt` of a message led by its outcome tag when the message has one (an excerpt
+    centred deep in a long failed output would not show how it ended)."""
+    tag = OUTCOME_TAG_RE.match(first_chunk)
+    if tag is None or excerpt.lstrip("…").startswith(tag.group(0)):
+        return excerpt
+    return f"{tag.group(0)} {excerpt}"
+
+
 def message_chunks(text: str, max_chars: int = CHUNK_CHARS) -> list[str]:
     """An archived message as searchable pieces: whole when it fits, else by paragraph, line,
     then characters (headings do not split a message, unlike a note)."""

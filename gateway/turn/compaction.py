@@ -18,6 +18,7 @@ from typing import Any
 
 from context.compaction import CompactionResult, SummaryCall
 from context.engine import ContextEngine, ContextPlan, TurnContext
+from context.pruning import artifact_path
 from context.salience import RankedIdentifier
 from context.types import Identifier, Message
 from gateway.config import Config
@@ -277,11 +278,32 @@ class Compactor:
 
         try:
             archived, found = await asyncio.to_thread(
-                archive_entries, covered, last_seq, ranked, identifiers
+                archive_entries, covered, last_seq, ranked, identifiers, self._artifact_text
             )
             await self.archive(session_key, archived, found)
         except Exception:
             log.exception("could not archive the compacted messages of %s", session_key)
+
+
+    def _artifact_text(self, message: Message) -> str | None:
+        """The whole output a capped tool result names (its artifact), up to
+        `ARTIFACT_ARCHIVE_CHARS`; None when it names none or the file is gone."""
+        relative = artifact_path(message.text)
+        if relative is None:
+            return None
+        root = (self.config.workspace / "artifacts").resolve()
+        path = (self.config.workspace / relative).resolve()
+        if not path.is_relative_to(root):
+            return None
+        try:
+            with path.open(encoding="utf-8", errors="replace") as f:
+                return f.read(ARTIFACT_ARCHIVE_CHARS)
+        except OSError:
+            return None
+
+
+ARTIFACT_ARCHIVE_CHARS = 2_000_000
+"""The most of one tool output's artifact the archive keeps (searchable by history_search)."""
 
 
 def compaction_blocked_reason(session: SessionRow, max_ineffective: int) -> str | None:

@@ -149,7 +149,7 @@ async def test_decisions_and_todos_survive_at_32k(kind: str) -> None:
         assert re.search(rf"rollout step {t}\b", text), f"TODO {t}"
 
 
-def test_the_identifier_section_is_bounded_and_salient_first() -> None:
+def test_the_identifier_section_fills_the_budget_salient_first() -> None:
     messages = heavy_transcript()
     ranked = rank_identifiers(messages)
     fitted = fit_summary(
@@ -161,8 +161,9 @@ def test_the_identifier_section_is_bounded_and_salient_first() -> None:
     assert len(fitted.listed) < len(ranked)
     assert fitted.listed[0].value == ranked[0].value
     assert f"{len(ranked) - len(fitted.listed):,} more identifiers" in fitted.text
+    # A short body leaves the section more than its share: it fills what the rest leaves.
     section = find_sections(fitted.text)["## Exact identifiers"]
-    assert COUNTER.count_text(section) <= 0.4 * 600 + 80  # the share, plus the archive line
+    assert 0.4 * 600 < COUNTER.count_text(section) <= 600
 
 
 def test_suffix_sections_go_first_and_a_body_too_big_gives_none() -> None:

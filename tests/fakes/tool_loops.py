@@ -23,13 +23,29 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
+import time
 import uuid
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from context.types import Message, ToolCall
 
-__all__ = ["AgentRun", "PlantedFailure", "agent_run", "ASK_EN", "ASK_ZH"]
+__all__ = [
+    "ASK_EN",
+    "ASK_ZH",
+    "FINAL",
+    "SESSION_KEY",
+    "AgentRun",
+    "LiveResult",
+    "PlantedFailure",
+    "agent_run",
+    "agent_summary",
+    "loop_model",
+    "loop_tools",
+    "run_live",
+]
 
 ASK_EN = (
     "The nightly build of acme/billing on branch release/2026.12 has been red since Tuesday. "
@@ -150,15 +166,7 @@ def agent_run(rounds: int, seed: int = 11, zh: bool = False, final_reply: bool =
         run._starts.append(len(messages))
         module = rng.choice(_MODULES)
         kind = r % 5
-        planted = unique(
-            [
-                lambda: f"services/billing/{module}/handler_{rng.randint(100, 99_999)}.go",
-                lambda: f"https://ci.acme.dev/acme/billing/builds/{rng.randint(100_000, 999_999)}",
-                lambda: gen.sha(str(r)),
-                lambda: str(uuid.UUID(int=rng.getrandbits(128))),
-                lambda: f"BILL-{rng.randint(10_000, 99_999)}",
-            ][kind]
-        )
+        planted = unique(lambda kind=kind, module=module, r=r: _identifier(gen, kind, module, r))
         run.identifiers.append(planted)
         failing = r % 9 == 4
         calls = 1 + (rng.random() < 0.15) + (rng.random() < 0.05)
@@ -218,6 +226,19 @@ def agent_run(rounds: int, seed: int = 11, zh: bool = False, final_reply: bool =
     return run
 
 
+def _identifier(gen: _Gen, kind: int, module: str, r: int) -> str:
+    rng = gen.rng
+    if kind == 0:
+        return f"services/billing/{module}/handler_{rng.randint(100, 99_999)}.go"
+    if kind == 1:
+        return f"https://ci.acme.dev/acme/billing/builds/{rng.randint(100_000, 999_999)}"
+    if kind == 2:
+        return gen.sha(str(r))
+    if kind == 3:
+        return str(uuid.UUID(int=rng.getrandbits(128)))
+    return f"BILL-{rng.randint(10_000, 99_999)}"
+
+
 def _call(
     gen: _Gen, rng: random.Random, module: str, planted: str | None
 ) -> tuple[str, dict[str, Any], str]:
@@ -260,3 +281,158 @@ def _call(
     if target:
         command += f"  # {target}"
     return "run_command", {"command": command}, f"$ {command}"
+
+
+# -- the live path: a scripted model that keeps calling tools -----------------------------------
+
+LOOP_TOOLS = ("run_command", "read_file", "grep", "http_get", "edit_file")
+SESSION_USER = "builder"
+SESSION_KEY = f"agent:main:webchat:direct:{SESSION_USER}"
+FINAL = "Done: the nightly build is green again and the PR is open."
+
+
+def agent_summary(text: str, lossy: bool = False) -> str:
+    """What a summarizer writes from a compaction prompt `text`: the identifiers it was told
+    to keep (a lossy one every second of them), the latest ask, the failures it saw."""
+    from tests.fakes.transcripts import _listed_identifiers
+
+    ids = _listed_identifiers(text)
+    if lossy:
+        ids = ids[::2]
+    ask = re.search(r"The latest user ask \(quote it under ## Pending user asks\): (.+)", text)
+    codes = sorted(set(re.findall(r"exit (?:code|status) (\d+)", text)))
+    lines = [
+        "## State\n- Fixing the nightly build of acme/billing, command by command.",
+        "## Decisions\n- Work on a branch; run the whole suite before the PR.",
+        "## Open TODOs\n- Open the PR against release/2026.12 referencing BILL-4471.",
+        "## Constraints/Rules\n- Do not touch the prod database; never force-push.",
+        "## Pending user asks\n- " + (ask.group(1).strip() if ask else "fix the nightly build"),
+        "## Tool failures seen\n" + ("\n".join(f"- exit code {c}" for c in codes) or "- none"),
+        "## Exact identifiers\n" + ("\n".join(f"- `{i}`" for i in ids) or "- none"),
+    ]
+    return "\n".join(lines)
+
+
+def loop_model(run: AgentRun, kind: str, final: str = FINAL) -> Callable[[dict[str, Any]], Any]:
+    """The fake server's `default` for a live loop: chat requests get the run's rounds one
+    after another (their calls' names and arguments), then `final`; summary requests behave
+    as `kind` (good, lossy, empty, failing, hanging); the memory flush answers NO_REPLY."""
+    from tests.fakes.openai_server import error, hang, reply, tool_calls
+    from tests.fakes.transcripts import SUMMARIZER_KINDS, is_flush_request, is_summary_request
+
+    if kind not in SUMMARIZER_KINDS:
+        raise ValueError(f"unknown summarizer kind {kind!r}")
+    served = [0]
+
+    def answer(body: dict[str, Any]) -> Any:
+        if is_flush_request(body):
+            return reply("NO_REPLY")
+        if is_summary_request(body):
+            if kind == "empty":
+                return reply("")
+            if kind == "failing":
+                return error(500)
+            if kind == "hanging":
+                return hang()
+            text = "\n".join(str(m.get("content") or "") for m in body["messages"])
+            return reply(agent_summary(text, lossy=kind == "lossy"))
+        if served[0] >= run.rounds:
+            return reply(final)
+        calls = run.round_messages(served[0])[0].tool_calls
+        served[0] += 1
+        return tool_calls(*((c.name, c.arguments) for c in calls))
+
+    return answer
+
+
+def loop_tools(run: AgentRun) -> list[Any]:
+    """The run's tools for a live gateway: each returns, call after call, the outputs the run
+    planned for it (a failing command's output states its exit code, as real tools print it)."""
+    from gateway.tools.registry import Tool, ToolContext
+
+    queues: dict[str, list[str]] = {name: [] for name in LOOP_TOOLS}
+    for m in run.messages:
+        if m.role == "tool" and m.name:
+            queues[m.name].append(m.text)
+    for outputs in queues.values():
+        outputs.reverse()
+
+    def handler(name: str) -> Callable[[dict[str, Any], ToolContext], Awaitable[str]]:
+        async def run_tool(_args: dict[str, Any], _ctx: ToolContext) -> str:
+            return queues[name].pop() if queues[name] else "(no output)"
+
+        return run_tool
+
+    return [
+        Tool(name, f"The build agent's {name}.", {"type": "object"}, handler(name))
+        for name in LOOP_TOOLS
+    ]
+
+
+@dataclass
+class LiveResult:
+    usable: int
+    chats: list[dict[str, Any]]
+    """Every chat request the model received during the turn: the prompts."""
+    reply: list[str]
+    seconds: float
+    searches: dict[str, str] = field(default_factory=dict)
+    compactions: int = 0
+    summary_calls: int = 0
+
+    @property
+    def final_prompt(self) -> list[dict[str, Any]]:
+        return self.chats[-1]["messages"]
+
+
+async def run_live(
+    config: Any, fake: Any, run: AgentRun, kind: str, *,
+    queries: Sequence[str] = (), reply_timeout: float = 600.0, agents_md: str | None = None,
+) -> LiveResult:
+    """Send the run's ask through webchat to a gateway whose model (`fake`, on `config`) keeps
+    calling the run's tools round after round; record every prompt, then `history_search`
+    each of `queries` in the session."""
+    from channels.webchat import WebchatChannel
+    from context.budget import make_budget
+    from gateway.app import Gateway
+    from gateway.tools.registry import ToolContext
+    from tests.fakes.transcripts import is_flush_request, is_summary_request
+
+    fake.default = loop_model(run, kind)
+    if agents_md is not None:
+        config.workspace.mkdir(parents=True, exist_ok=True)
+        (config.workspace / "AGENTS.md").write_text(agents_md, encoding="utf-8")
+    gateway = Gateway(config)
+    for tool in loop_tools(run):
+        gateway.tools.register(tool)
+    webchat = WebchatChannel(reply_timeout=reply_timeout)
+    gateway.add_channel(webchat)
+    await gateway.start()
+    try:
+        before = len(fake.requests)
+        started = time.perf_counter()
+        answer = await webchat.submit(SESSION_USER, run.ask)
+        seconds = time.perf_counter() - started
+        requests = fake.requests[before:]
+        chats = [r for r in requests if not is_summary_request(r) and not is_flush_request(r)]
+        usable = make_budget(
+            gateway.resolver.window().tokens, gateway.resolver.budget
+        ).usable
+        searches: dict[str, str] = {}
+        ctx = ToolContext(session_key=SESSION_KEY)
+        for query in dict.fromkeys(queries):
+            result = await gateway.tools.call(
+                "history_search", json.dumps({"query": query, "limit": 5}), ctx
+            )
+            searches[query] = result.content
+        session = await gateway.store.get_session(SESSION_KEY)
+        compactions = 0
+        if session is not None and session.id is not None:
+            compactions = len(await gateway.store.compactions(session.id))
+        return LiveResult(
+            usable=usable, chats=chats, reply=answer.replies, seconds=seconds,
+            searches=searches, compactions=compactions,
+            summary_calls=sum(1 for r in requests if is_summary_request(r)),
+        )
+    finally:
+        await gateway.stop()
