@@ -664,10 +664,15 @@ class DefaultContextEngine(BuiltinEngine):
                 f"kept {recent} recent turn(s) verbatim instead of {base.recent_turns}: the "
                 "others would leave the summary too little room"
             )
-        if recent <= 1 and (not fits or kept_tokens > history_cap):
+        last = span if recent == 1 else split_recent(messages, 1)
+        whole_turn = sum(m.tokens or 0 for m in last.kept)  # as stored: before any pruning
+        if not fits or whole_turn > history_cap:
             # The last turn alone is larger than its share (one ask, a long tool loop): its ask
             # stays pinned, its newest rounds verbatim, and the rounds before them compacted.
-            rounds = self._round_span(span, history_cap // 2, measure)
+            # Rounds kept verbatim get half the history share, and no more than the tool
+            # results' share: sent as they are, never pruned, with room for the loop to go on.
+            target = min(history_cap // 2, int(budget.tool_results_cap / ratio))
+            rounds = self._round_span(last, target, measure)
             if rounds is not None:
                 span, (fits, kept_tokens, room), kept_rounds, compacted_rounds = rounds
                 notes.append(

@@ -213,3 +213,15 @@ def test_a_reply_of_many_identical_results_is_rendered_once() -> None:
     text, _omitted = render_transcript(COUNTER.ensure_counted([call, *results]), 16_384)
     assert text.count("Not run: too many") == 2
     assert "[498 more tool results with the same text]" in text
+
+
+def test_every_planted_identifier_and_failure_is_in_the_run() -> None:
+    for zh in (False, True):
+        run = agent_run(200, zh=zh)
+        text = "\n".join([m.text for m in run.messages]
+                         + [c.arguments for m in run.messages for c in m.tool_calls])
+        assert len(set(run.identifiers)) == run.rounds
+        assert all(i in text for i in run.identifiers)
+        assert len(run.failures) >= 20
+        for f in run.failures:
+            assert f"{f.exit_code}" in run.round_messages(f.round)[1].text

@@ -11,7 +11,7 @@ from typing import Any
 from context.budget import BudgetSettings, make_budget
 from gateway.model.tokenizer import load_counter
 from tests.fakes import FakeOpenAI, reply
-from tests.helpers.cli import in_process, write_config
+from tests.helpers.cli import in_process, run_cli, write_config
 
 RED_LINE = "Never restart the primary during business hours."
 
@@ -85,3 +85,44 @@ async def test_context_compact_prints_the_live_prompt(tmp_path: Path) -> None:
     assert data["tokens_after"] < data["tokens_before"]
     assert data["identifiers_archived"] > 0
     assert "more identifiers from these messages are archived" in data["summary"]
+
+
+async def test_context_compact_of_one_ask_and_135_rounds_keeps_the_ask(tmp_path: Path) -> None:
+    """The reported case: a real-shaped agent run (one ask, 135 tool rounds, ~80k tokens) at
+    32k printed the system message alone and "tokens 29,959 → 1,103; identifiers 0"."""
+    from context.types import Message
+    from tests.fakes.tool_loops import agent_run, loop_model
+
+    run = agent_run(135)
+    path = tmp_path / "agent-run.jsonl"
+    path.write_text(run.jsonl("You are a coding agent."), encoding="utf-8")
+    counter = load_counter("fake-model")
+    true_tokens = sum(counter.count_message(m) for m in run.messages)
+    async with FakeOpenAI(default=loop_model(run, "good")) as fake:
+        config = write_config(tmp_path, fake)
+        code, out, err = await run_cli(
+            "context", "compact", str(path), "--window", "32000", "--json", cwd=tmp_path
+        )
+        assert code == 0, err
+        code, text, err = await run_cli(
+            "context", "compact", str(path), "--window", "32000", cwd=tmp_path
+        )
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["committed"], data["quality"]["notes"]
+    messages = data["messages"]
+    asks = [m for m in messages if m["role"] == "user"]
+    assert asks == [{"role": "user", "content": run.ask}], "the ask, verbatim, once"
+    assert messages[1]["content"].startswith("[Summary of earlier conversation")
+    newest = run.round_messages(run.rounds - 1)
+    assert messages[-1]["content"] == newest[-1].text, "the newest round ends the prompt"
+    assert true_tokens < data["tokens_before"] < true_tokens + 3_000, "the whole transcript"
+    assert data["tokens_after"] <= make_budget(32_000, BudgetSettings()).usable
+    prompt = "\n".join(str(m.get("content") or "") + json.dumps(m.get("tool_calls") or [])
+                       for m in messages)
+    archived = set(data["identifiers"])
+    missing = [i for i in run.identifiers if i not in prompt and i not in archived]
+    assert missing == []
+    assert f"tokens {data['tokens_before']:,} → {data['tokens_after']:,}" in text
+    assert "its ask pinned" in text
+    assert counter.count_messages([Message.from_openai(m) for m in messages]) > 0

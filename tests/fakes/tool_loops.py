@@ -197,9 +197,7 @@ def agent_run(rounds: int, seed: int = 11, zh: bool = False, final_reply: bool =
                 form = _FAIL_FORMS[(r // 9) % len(_FAIL_FORMS)]
                 error_line = f"FAIL {module}: {gen.words(5)}"
                 if form == "json":
-                    body = json.dumps(
-                        {"exit_code": code, "stdout": body[-2_000:], "stderr": error_line}
-                    )
+                    body = json.dumps({"exit_code": code, "stdout": body, "stderr": error_line})
                 elif form == "status":
                     body = f"{body}\n{error_line}\nCommand failed with exit status {code}"
                 elif form == "returncode":
@@ -436,3 +434,43 @@ async def run_live(
         )
     finally:
         await gateway.stop()
+
+
+# -- what survived --------------------------------------------------------------------------
+
+
+def _hits(output: str) -> str:
+    from tests.fakes.transcripts import search_hits
+
+    return search_hits(output)
+
+
+def where_identifier(identifier: str, prompt: str, searches: dict[str, str]) -> str:
+    """"prompt" when `identifier` is in the prompt's text, "lookup" when one `history_search`
+    of it returns it, else "lost"."""
+    if identifier in prompt:
+        return "prompt"
+    if identifier in _hits(searches.get(identifier, "")):
+        return "lookup"
+    return "lost"
+
+
+def where_failure(
+    run: AgentRun, failure: PlantedFailure, prompt: str, searches: dict[str, str]
+) -> str:
+    """"prompt" when the prompt states the failing call with its exit code (verbatim, or a
+    summary's failure line), "lookup" when one `history_search` of its round's identifier
+    returns it with its exit code, else "lost"."""
+    code = f"exit code {failure.exit_code}"
+    command = json.dumps(failure.command, ensure_ascii=False)[1:-1]
+    for line in prompt.splitlines():
+        if code in line and command[:60] in line:
+            return "prompt"
+    outputs = [m.text for m in run.round_messages(failure.round)[1:2]]
+    if outputs and outputs[0][-300:] in prompt:
+        return "prompt"  # the round itself is in the prompt
+    planted = run.identifiers[failure.round]
+    hits = _hits(searches.get(planted, ""))
+    if code in hits:
+        return "lookup"
+    return "lost"
