@@ -11,7 +11,6 @@ from context.budget import BudgetSettings, Tier, make_budget
 from context.compaction import (
     CompactionSettings,
     body_room,
-    compact,
     fit_summary,
     render_transcript,
     shrink_body,

@@ -99,7 +99,7 @@ async def test_context_compact_of_one_ask_and_135_rounds_keeps_the_ask(tmp_path:
     counter = load_counter("fake-model")
     true_tokens = sum(counter.count_message(m) for m in run.messages)
     async with FakeOpenAI(default=loop_model(run, "good")) as fake:
-        config = write_config(tmp_path, fake)
+        write_config(tmp_path, fake)
         code, out, err = await run_cli(
             "context", "compact", str(path), "--window", "32000", "--json", cwd=tmp_path
         )

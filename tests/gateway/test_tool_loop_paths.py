@@ -22,6 +22,7 @@ from tests.fakes import FakeOpenAI
 from tests.fakes.tool_loops import agent_run, loop_model, where_failure, where_identifier
 from tests.fakes.transcripts import AGENTS_MD, RED_LINES, promise_sections
 
+
 def no_orphans(messages: list[Message]) -> bool:
     calls = {c.id for m in messages for c in m.tool_calls}
     return calls == {m.tool_call_id for m in messages if m.role == "tool"}

@@ -34,7 +34,7 @@ from tests.fakes.tool_loops import (
     where_failure,
     where_identifier,
 )
-from tests.fakes.transcripts import AGENTS_MD, RED_LINES, prompt_text, promise_sections
+from tests.fakes.transcripts import AGENTS_MD, RED_LINES, promise_sections, prompt_text
 
 ROUNDS = 300
 
