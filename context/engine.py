@@ -555,12 +555,13 @@ class DefaultContextEngine(BuiltinEngine):
 
     @staticmethod
     def _round_span(
-        turn_span: Span, target: int, measure: Callable[[Span], tuple[bool, int, int]]
+        turn_span: Span, target: int, measure: Callable[[Span], tuple[bool, int, int]],
+        most: int | None = None,
     ) -> tuple[Span, tuple[bool, int, int], int, int] | None:
         """`turn_span` (the last turn kept whole) with the turn cut at its rounds: its ask and
-        as many of its newest rounds as `target` tokens hold (fewer until the prompt fits with
-        a summary). With the measure of the span, how many rounds are kept and compacted; None
-        when the turn holds nothing but its ask."""
+        as many of its newest rounds as `target` tokens hold, at most `most` (fewer until the
+        prompt fits with a summary). With the measure of the span, how many rounds are kept
+        and compacted; None when the turn holds nothing but its ask."""
         units = split_units(turn_span.kept)
         ask = units[0].messages if units and units[0].kind == "ask" else ()
         body = units[1:] if ask else units
@@ -574,6 +575,8 @@ class DefaultContextEngine(BuiltinEngine):
             room -= unit.tokens
             keep += 1
         keep = min(keep, len(body) - 1)  # at least one round compacted, or nothing changes
+        if most is not None:
+            keep = min(keep, most)
         while True:
             older, newer = body[: len(body) - keep], body[len(body) - keep :]
             span = Span(
@@ -666,13 +669,17 @@ class DefaultContextEngine(BuiltinEngine):
             )
         last = span if recent == 1 else split_recent(messages, 1)
         whole_turn = sum(m.tokens or 0 for m in last.kept)  # as stored: before any pruning
-        if not fits or whole_turn > history_cap:
-            # The last turn alone is larger than its share (one ask, a long tool loop): its ask
-            # stays pinned, its newest rounds verbatim, and the rounds before them compacted.
-            # Rounds kept verbatim get half the history share, and no more than the tool
-            # results' share: sent as they are, never pruned, with room for the loop to go on.
+        running = any(m.tool_calls for m in turn.incoming)
+        if not fits or whole_turn > history_cap or (running and not span.compacted):
+            # The last turn alone is larger than its share (one ask, a long tool loop), or a
+            # compaction is asked for in the middle of its tool loop: its ask stays pinned,
+            # its newest rounds verbatim (then no more than `recent_turns` of them), and the
+            # rounds before them compacted. Rounds kept verbatim get half the history share,
+            # and no more than the tool results' share: sent as they are, never pruned, with
+            # room for the loop to go on.
             target = min(history_cap // 2, int(budget.tool_results_cap / ratio))
-            rounds = self._round_span(last, target, measure)
+            most = None if not fits or whole_turn > history_cap else max(1, base.recent_turns)
+            rounds = self._round_span(last, target, measure, most)
             if rounds is not None:
                 span, (fits, kept_tokens, room), kept_rounds, compacted_rounds = rounds
                 notes.append(

@@ -129,6 +129,11 @@ def _print_explain(e: Explanation) -> None:
             f"compaction at {plan.compaction_threshold:,} tokens ({plan.to_compaction:,} to go); "
             f"overflow tier now: [bold]{plan.tier.value}[/bold]"
         )
+    if e.limits:
+        loop = Table("limit", "value", "source", title="A turn's tool loop")
+        for limit in e.limits:
+            loop.add_row(limit.name, limit.value, escape(limit.source))
+        console.print(loop)
     console.print(f"automatic compaction: {escape(e.automatic_compaction)}")
     last = e.last_compaction
     if last:

@@ -13,8 +13,8 @@ from gateway.inbound.session_keys import KeyParts, parse_key
 from gateway.operations.common import opened
 from gateway.operations.sessions import PromptCache
 from gateway.store.models import SessionRow
+from gateway.turn.compaction import automatic_compaction_state
 from gateway.turn.history import SessionView
-from gateway.turn.runner import compaction_blocked_reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +37,39 @@ class LastCompaction:
             "tokens_after": self.tokens_after,
             "quality": self.quality,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class TurnLimit:
+    """One limit of a turn's tool loop, with the setting that decides it."""
+
+    name: str
+    value: str
+    source: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"name": self.name, "value": self.value, "source": self.source}
+
+
+def turn_limits(config: Config) -> tuple[TurnLimit, ...]:
+    """The tool loop's limits (`gateway/turn/loop.py`), each with its key and whether it is
+    set or the default."""
+    llm = config.llm
+    given = llm.model_fields_set
+
+    def source(key: str, why: str) -> str:
+        return f"[llm] {key}{'' if key in given else ' (default)'}: {why}"
+
+    return (
+        TurnLimit("tool rounds a turn", f"{llm.max_tool_rounds:,}",
+                  source("max_tool_rounds", "then the turn stops and says so")),
+        TurnLimit("tool calls run from one reply", f"{llm.max_tool_calls_per_round:,}",
+                  source("max_tool_calls_per_round", "the rest are answered 'not run'")),
+        TurnLimit("time a turn may take", f"{llm.max_turn_seconds:,.0f} s",
+                  source("max_turn_seconds", "checked after each round")),
+        TurnLimit("compaction inside a turn", "before every model call",
+                  "the ask pinned, the newest rounds kept verbatim, the rounds between compacted"),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +104,8 @@ class Explanation:
     prompt_cache: PromptCache | None = None
     """The share of the session's prompt tokens read from the provider's prompt cache (for
     `/status`); None in a preview."""
+    limits: tuple[TurnLimit, ...] = ()
+    """The limits of a turn's tool loop (`turn_limits`)."""
 
     def to_json(self) -> dict[str, Any]:
         """The plan's facts, then the session's: one flat object."""
@@ -95,6 +130,7 @@ class Explanation:
                 None if self.last_compaction is None else self.last_compaction.to_json()
             ),
             "prompt_cache": None if self.prompt_cache is None else self.prompt_cache.to_json(),
+            "turn_limits": [limit.to_json() for limit in self.limits],
         }
 
 
@@ -147,16 +183,16 @@ async def explain(
         history_limit_text="unlimited" if limit.unlimited else f"last {limit.limit:,} user turns",
         notes=tuple(plan.notes),
         window_too_small=settings.window.too_small,
-        automatic_compaction=compaction_blocked_reason(
+        automatic_compaction=automatic_compaction_state(
             session, config.context.max_ineffective_compactions
-        )
-        or "allowed",
+        ),
         compactions=len([c for c in compactions if not c.undone]),
         last_compaction=None if latest is None else LastCompaction(
             latest.id, latest.first_seq, latest.last_seq, latest.tokens_before,
             latest.tokens_after, latest.quality,
         ),
         prompt_cache=PromptCache.of(session),
+        limits=turn_limits(config),
     )
 
 
@@ -199,6 +235,7 @@ async def preview(
         compactions=0,
         last_compaction=None,
         preview=True,
+        limits=turn_limits(gateway.config),
     )
 
 

@@ -16,7 +16,7 @@ from gateway.model.sizing import Conversation
 from gateway.operations.common import opened
 from gateway.store import CompactionRow, SessionRow, TurnRecordRow
 from gateway.tools.memory import MemoryFlush
-from gateway.turn.runner import compaction_blocked_reason
+from gateway.turn.compaction import automatic_compaction_state
 from memory.index import HistoryHit
 
 # -- the sessions list: token pressure at a glance ------------------------------------------
@@ -315,10 +315,9 @@ async def session_detail(
         chat_type=row.chat_type,
         turns=row.turns,
         compaction_cycle=row.compaction_cycle,
-        automatic_compaction=compaction_blocked_reason(
+        automatic_compaction=automatic_compaction_state(
             row, config.context.max_ineffective_compactions
-        )
-        or "allowed",
+        ),
         summary=None if show_all or latest is None else latest.summary,
         compactions=tuple(CompactionEntry.of(c, show_all) for c in compactions),
         messages=tuple(

@@ -311,6 +311,17 @@ def compaction_blocked_reason(session: SessionRow, max_ineffective: int) -> str 
     return cooldown_reason(session) or compaction_paused_reason(session, max_ineffective)
 
 
+def automatic_compaction_state(session: SessionRow, max_ineffective: int) -> str:
+    """What a turn that crosses the trigger does now, for `explain` and `/status`."""
+    paused = compaction_paused_reason(session, max_ineffective)
+    if paused is not None:
+        return paused
+    cooling = cooldown_reason(session)
+    if cooling is not None:
+        return f"on the extractive summary alone (the summarizer is {cooling})"
+    return "allowed"
+
+
 def cooldown_reason(session: SessionRow) -> str | None:
     """Why the summarizer is not asked now (a cool-down after a failed summary), or None."""
     until = session.compaction_cooldown_until

@@ -51,6 +51,7 @@ from channels.base import OutboundMessage
 from channels.commands import parse_command
 from gateway.config import Config, QueueMode
 from gateway.store import MessageRow, Store
+from gateway.turn.compaction import compact_command
 from gateway.turn.previews import PreviewStream
 
 T = TypeVar("T")
@@ -125,9 +126,25 @@ class MidTurn:
         self._wake = asyncio.Event()
         self._look = True  # once at the start: arrivals before the turn could be told
         self._stop_due = False
+        self._commands_due = True
 
     def wake(self) -> None:
         self._wake.set()
+        self._commands_due = True
+
+    async def compact_requests(self) -> list[MessageRow]:
+        """`/compact` sent while this turn runs, in any queue mode, when it is the first
+        message waiting: claimed at a round boundary, so a long tool loop compacts when asked
+        rather than after it ends. Other commands wait for a turn of their own."""
+        if not (self._commands_due or self.cross_process):
+            return []
+        self._commands_due = False
+        waiting = await self.store.arrivals(self.session_id)
+        if not waiting or compact_command(waiting[0].content) is None:
+            return []
+        return await self.store.claim_arrivals(
+            self.session_id, lambda r: compact_command(r.content) is not None
+        )
 
     def _due(self) -> bool:
         """Whether to look in the store for arrivals now."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from channels.base import OutboundMessage
 from context.compaction import CompactionResult, CompactionSettings, SummaryCall
 from context.engine import ContextEngine, ContextPlan, ContextSettings, TurnContext
+from context.rounds import split_units
 from context.types import Message
 from context.window import WindowTooSmallError
 from gateway.config import Config
@@ -34,6 +35,7 @@ from gateway.turn.commands import Describe, run_commands
 from gateway.turn.compaction import (
     Compactor,
     OnCompaction,
+    compact_command,
     compaction_blocked_reason,
     describe_compaction,
 )
@@ -284,6 +286,13 @@ class Runner:
             if await mid.stop_due():
                 return mid.interrupt()
             turn = self.turn_context(session_key, view, first_seq, settings)
+            asked = await mid.compact_requests()
+            if asked:
+                result = await self._compact_mid_loop(session_key, turn, asked)
+                if result is not None:
+                    stats.compactions.append(result)
+                view = await self.view(session.id)
+                turn = self.turn_context(session_key, view, first_seq, settings)
             plan = self.engine.assemble(turn)
             if plan.wants_flush:
                 await compactions.flush_if_due(session_key, plan)
@@ -394,6 +403,27 @@ class Runner:
             "it."
         )
 
+    async def _compact_mid_loop(
+        self, session_key: str, turn: TurnContext, asked: list[MessageRow]
+    ) -> CompactionResult | None:
+        """`/compact` sent during this turn's tool loop: compact the rounds so far now (flush
+        first) and answer the command at once; the loop then goes on."""
+        await self.store.mark_handled([r.id for r in asked if r.id is not None], COMMAND_STATUS)
+        instructions = compact_command(asked[-1].content) or ""
+        await self.compactions.flush_if_due(session_key, self.engine.assemble(turn))
+        result = await self.compactions.compact(session_key, turn, instructions, reason="command")
+        answer = describe_compaction(result)
+        for row in asked:
+            target = OutboundMessage(
+                platform=row.platform or "", chat_id=row.chat_id or "", text=answer,
+                session_key=session_key, reply_to=row.platform_message_id,
+                answers=(row.platform_message_id,) if row.platform_message_id else (),
+            )
+            delivery = await self.deliver(target)
+            if not delivery.sent:
+                log.warning("answer to /compact in %s not sent: %s", session_key, delivery.error)
+        return result
+
     async def _archive_left_out(
         self, session_key: str, view: SessionView, plan: ContextPlan
     ) -> None:
@@ -418,11 +448,13 @@ class Runner:
     ) -> LLMError:
         prompt = plan.tokens.prompt if plan.tokens is not None else None
         tokens = f"{prompt:,}" if prompt is not None else "?"
+        largest = largest_part(plan.messages)
         return LLMError(
             f"This conversation no longer fits model {self.llm.model!r}: about {tokens} "
-            f"tokens against a {settings.window.tokens:,}-token window ({settings.window.source}), "
-            f"and compacting did not help after {self.config.context.overflow_retries} tries. "
-            "Start a new topic or raise the model's window.",
+            f"tokens against a {settings.window.tokens:,}-token window ({settings.window.source})"
+            + (f"; the largest part is {largest}" if largest else "")
+            + f", and compacting did not help after {self.config.context.overflow_retries} "
+            "tries. Start a new topic or raise the model's window.",
             kind="context_overflow",
             detail=exc.detail,
         )
@@ -485,6 +517,27 @@ class Runner:
 
     async def uncompact(self, session_key: str) -> CompactionRow | None:
         return await self.compactions.uncompact(session_key)
+
+
+def largest_part(messages: list[Message]) -> str | None:
+    """The largest unit of a prompt, named for an overflow error: a tool round ("the tool
+    results of round 3 (seq 40-52, 9,120 tokens)") or a message."""
+    best: tuple[int, str] | None = None
+    rounds = 0
+    for unit in split_units(messages[1:]):
+        tokens = unit.tokens
+        seqs = [m.seq for m in unit.messages if m.seq is not None]
+        where = f"seq {min(seqs)}-{max(seqs)}, " if seqs else ""
+        if unit.kind == "round":
+            rounds += 1
+            name = f"the tool results of round {rounds} ({where}{tokens:,} tokens)"
+        elif unit.kind == "ask":
+            name = f"the new message ({where}{tokens:,} tokens)"
+        else:
+            name = f"a {unit.messages[0].role} message ({where}{tokens:,} tokens)"
+        if best is None or tokens > best[0]:
+            best = (tokens, name)
+    return best[1] if best is not None and best[0] > 0 else None
 
 
 def _calibrated_ratio(resolver: ContextResolver, session_key: str) -> float | None:

@@ -24,12 +24,14 @@ import pytest
 from context.types import Message
 from gateway.model.tokenizer import load_counter
 from tests.conftest import MakeConfig
-from tests.fakes import FakeOpenAI, reply, tool_calls
+from tests.fakes import FakeOpenAI, fn, reply, tool_calls
 from tests.fakes.tool_loops import (
     FINAL,
     SESSION_USER,
     LiveResult,
     agent_run,
+    loop_model,
+    loop_tools,
     run_live,
     where_failure,
     where_identifier,
@@ -181,3 +183,61 @@ async def test_the_round_limit_stops_the_loop_with_a_reply_naming_it(
     assert answer.replies and "[llm] max_tool_rounds" in answer.replies[-1]
     assert "5 rounds" in answer.replies[-1]
     assert json.dumps(answer.replies)
+
+
+async def test_an_overflow_names_the_round_that_overflowed(make_config: MakeConfig) -> None:
+    """The provider refuses the prompt after a large tool round: the error names the tool
+    results of that round, not "the new message"."""
+    from tests.conftest import started
+    from tests.fakes import context_overflow, tool_call
+
+    async with FakeOpenAI() as fake:
+        config = make_config(fake, context={"overflow_retries": 0})
+        async with started(config) as rg:
+            (config.workspace / "memory").mkdir(parents=True, exist_ok=True)
+            (config.workspace / "memory" / "big.md").write_text("row\n" * 20_000)
+            fake.script(tool_call("memory_get", {"path": "memory/big.md"}),
+                        context_overflow(8_192, 30_000))
+            [answer] = await rg.ask("read the big file")
+    assert "no longer fits model" in answer
+    assert "the largest part is the tool results of round 1" in answer, answer
+
+
+async def test_compact_sent_during_a_tool_loop_compacts_at_the_next_round(
+    make_config: MakeConfig,
+) -> None:
+    """`/compact` waits for no turn of its own while a long loop runs: it is answered at the
+    loop's next round boundary, and the loop goes on after it with its ask pinned."""
+    import asyncio
+
+    from tests.conftest import started
+
+    run = agent_run(40)
+    async with FakeOpenAI() as fake:
+        config = make_config(fake, **promise_sections(128_000, 30.0))
+        async with started(config) as rg:
+            for tool in loop_tools(run):
+                rg.gateway.tools.register(tool)
+            model = loop_model(run, "good")
+
+            async def slow(body: dict[str, Any]) -> Any:
+                await asyncio.sleep(0.05)
+                return model(body)
+
+            fake.default = lambda body: fn(slow)
+            loop = asyncio.create_task(rg.webchat.submit(SESSION_USER, run.ask))
+            await asyncio.sleep(0.6)
+            compacted = await asyncio.wait_for(rg.webchat.submit(SESSION_USER, "/compact"), 30)
+            assert not loop.done(), "answered while the loop still runs"
+            answer = await asyncio.wait_for(loop, 60)
+            key = f"agent:main:webchat:direct:{SESSION_USER}"
+            session = await rg.gateway.store.get_session(key)
+            assert session is not None and session.id is not None
+            rows = await rg.gateway.store.compactions(session.id)
+    assert compacted.replies and compacted.replies[0].startswith("Compacted the conversation")
+    assert answer.replies == [FINAL]
+    assert [r.quality.get("reason") for r in rows] == ["command"]
+    assert rows[0].quality.get("pinned_seqs"), "the ask stays pinned after the summary"
+    later = [r for r in fake.requests if r.get("tools")][-1]["messages"]
+    assert any(m["role"] == "user" and m.get("content") == run.ask for m in later)
+    assert later[1]["content"].startswith("[Summary of earlier conversation")
