@@ -57,6 +57,7 @@ class Script:
 SCRIPTS = (
     Script("context_assembly"),
     Script("compaction"),
+    Script("tool_loop"),
     Script("prompt_cache"),
     Script("pipeline"),
     Script("channels"),
@@ -225,6 +226,60 @@ def rows_compaction_promise(p: dict[str, Any]) -> list[Row]:
                 base_name,
                 f"{(g['recall'] - base['recall']) * 100:+.0f} points",
             ))
+    return rows
+
+
+def rows_tool_loop(r: dict[str, Any]) -> list[Row]:
+    """One ask then 50-500 tool rounds: what is lost per engine over every case (import +
+    compact), and the live 300-round turn."""
+    cases = r["cases"]
+    name = "Tool loop: one ask, 50-500 rounds, 16k-128k"
+    rows: list[Row] = []
+
+    def totals(engine: str) -> dict[str, Any] | None:
+        group = [c for c in cases if c["engine"] == engine and c["path"] == "import + compact"]
+        if not group:
+            return None
+        return {
+            "n": len(group),
+            "fits": sum(c["fits"] for c in group),
+            "ask": sum(c["ask"] for c in group),
+            "ids": sum(c["identifiers"]["lost"] for c in group),
+            "ids_total": sum(c["identifiers_total"] for c in group),
+            "fails": sum(c["failures"]["lost"] for c in group),
+            "fails_total": sum(c["failures_total"] for c in group),
+        }
+
+    ours = totals("gatehouse")
+    if ours is None:
+        return rows
+    for engine, label in (
+        ("langchain SummarizationMiddleware", "langchain `SummarizationMiddleware` (defaults)"),
+        ("drop the oldest rounds", "drop the oldest rounds (ask kept)"),
+    ):
+        peer = totals(engine)
+        if peer is None:
+            continue
+        rows += [
+            (name, "identifiers lost (prompt or one lookup); goal 0",
+             f"{ours['ids']} of {ours['ids_total']:,}",
+             f"{peer['ids']:,} of {peer['ids_total']:,}", label, ""),
+            (name, "tool failures lost (command and exit code); goal 0",
+             f"{ours['fails']} of {ours['fails_total']:,}",
+             f"{peer['fails']:,} of {peer['fails_total']:,}", label, ""),
+            (name, "next prompt fits / keeps the ask verbatim; goal all",
+             f"{ours['fits']}/{ours['n']} / {ours['ask']}/{ours['n']}",
+             f"{peer['fits']}/{peer['n']} / {peer['ask']}/{peer['n']}", label, ""),
+        ]
+    for c in (c for c in cases if c["path"] == "live"):
+        rows.append((
+            f"Tool loop, live {c['rounds']}-round turn, {c['window'] // 1000}k",
+            f"{c['kind']} summarizer: every prompt fits, ask kept, finished",
+            f"{'yes' if c['fits'] else 'no'}, {'yes' if c['ask'] else 'no'}, "
+            f"{'yes' if c['finished'] else 'no'}; {c['compactions']} compactions, "
+            f"{c['seconds']:.1f} s",
+            "", "", "",
+        ))
     return rows
 
 
@@ -468,6 +523,7 @@ def rows_hardening(r: dict[str, Any]) -> list[Row]:
 ROWS: dict[str, Callable[[Any], list[Row]]] = {
     "context_assembly": rows_context_assembly,
     "compaction": rows_compaction,
+    "tool_loop": rows_tool_loop,
     "prompt_cache": rows_prompt_cache,
     "pipeline": rows_pipeline,
     "channels": rows_channels,
@@ -526,6 +582,17 @@ def draw_charts(results: dict[str, Any]) -> list[tuple[str, str]]:
                 "compaction_recall.png",
                 "Recall exam against tokens kept: gatehouse vs SummarizationMiddleware vs "
                 "dropping old tool output, per window",
+            ))
+    tl = _result(results, "tool_loop")
+    if tl and tl.get("cases"):
+        from bench.tool_loop import draw_chart
+
+        if draw_chart(tl, CHARTS / "tool_loop.png") is not None:
+            drawn.append((
+                "tool_loop.png",
+                "One ask then 50-500 tool rounds: identifiers in the prompt or one lookup "
+                "away against tokens kept, gatehouse vs SummarizationMiddleware vs dropping "
+                "the oldest rounds",
             ))
     if co and co.get("engines"):
         engines = co["engines"]
@@ -679,6 +746,16 @@ def render(report: dict[str, Any], charts: list[tuple[str, str]]) -> str:
         "TODOs), empty, failing (HTTP 500), hanging (`summary_timeout` 1 s). A recall-exam "
         "question counts when its answer is in the prompt or in the top 5 results of one "
         "`history_search` of its key term; the peers have no such tool.",
+        "- **Tool loop**: `bench/tool_loop.py`; real-shaped build-fixing runs "
+        "(tests/fakes/tool_loops.py: one ask, 50/200/500 rounds, 1-50 KB outputs, failing "
+        "commands with exit codes, a planted identifier a round) imported and compacted as "
+        "`sessions import` + `sessions compact` do, at 16k/32k/128k with five summarizers, "
+        "and a live 300-round turn through a gateway whose fake model keeps calling tools. "
+        "An identifier or failure counts as kept when the next prompt states it or one "
+        "`history_search` returns it; the peers have no lookup. SummarizationMiddleware with "
+        "its defaults summarizes at most the last 4,000 tokens starting at a user message: on "
+        "a tool loop that holds none, so it makes no model call and writes \"Previous "
+        "conversation was too long to summarize.\"",
         "- **Prompt cache**: `bench/prompt_cache.py`; a 200-turn webchat conversation through "
         "the gateway at 32k and 128k windows; the fake model reports cached tokens as the "
         "longest common prefix (tool schemas, then messages; o200k tokens, 128-token steps from "
