@@ -271,13 +271,17 @@ def rows_tool_loop(r: dict[str, Any]) -> list[Row]:
              f"{ours['fits']}/{ours['n']} / {ours['ask']}/{ours['n']}",
              f"{peer['fits']}/{peer['n']} / {peer['ask']}/{peer['n']}", label, ""),
         ]
-    for c in (c for c in cases if c["path"] == "live"):
+    live = [c for c in cases if c["path"] == "live"]
+    for window in dict.fromkeys(c["window"] for c in live):
+        group = [c for c in live if c["window"] == window]
+        ok = [c for c in group if c["fits"] and c["ask"] and c["finished"]]
+        lost = sum(c["identifiers"]["lost"] + c["failures"]["lost"] for c in group)
         rows.append((
-            f"Tool loop, live {c['rounds']}-round turn, {c['window'] // 1000}k",
-            f"{c['kind']} summarizer: every prompt fits, ask kept, finished",
-            f"{'yes' if c['fits'] else 'no'}, {'yes' if c['ask'] else 'no'}, "
-            f"{'yes' if c['finished'] else 'no'}; {c['compactions']} compactions, "
-            f"{c['seconds']:.1f} s",
+            f"Tool loop, live {group[0]['rounds']}-round turn, {window // 1000}k",
+            f"every prompt fits with the ask, turn finished ({'/'.join(c['kind'] for c in group)} "
+            "summarizer); compactions, s a compaction, identifiers + failures lost",
+            f"{len(ok)}/{len(group)}; {max(c['compactions'] for c in group)} compactions, "
+            f"{max(c['seconds_per_compaction'] for c in group):.2f} s; {lost} lost",
             "", "", "",
         ))
     return rows

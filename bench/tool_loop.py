@@ -55,25 +55,28 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.compaction import langchain_available, to_langchain
 from context.budget import BudgetSettings, make_budget
 from context.types import Message
-from gateway.app import Gateway
 from gateway.config import Config, parse_config
 from gateway.model.tokenizer import load_counter
-from gateway.operations import import_messages
-from gateway.operations.compaction import compact
-from gateway.tools.registry import ToolContext
-from tests.fakes import FakeOpenAI, error, hang, reply
+from tests.fakes import FakeOpenAI
 from tests.fakes.tool_loops import (
     AgentRun,
     agent_run,
     agent_summary,
-    loop_model,
+    run_import,
     run_live,
     where_failure,
     where_identifier,
 )
-from tests.fakes.transcripts import AGENTS_MD, RED_LINES, SUMMARIZER_KINDS, prompt_text
+from tests.fakes.transcripts import (
+    AGENTS_MD,
+    RED_LINES,
+    SUMMARIZER_KINDS,
+    prompt_text,
+    summary_step,
+)
 
 WINDOWS = (16_000, 32_000, 128_000)
 ROUNDS = (50, 200, 500)
@@ -127,48 +130,19 @@ def has_ask(messages: Sequence[dict[str, Any]], run: AgentRun) -> bool:
 
 
 async def gatehouse_import(run: AgentRun, window: int, kind: str, tmp: Path) -> dict[str, Any]:
-    path = tmp / "agent-run.jsonl"
-    path.write_text(run.jsonl("You are a coding agent."), encoding="utf-8")
     async with FakeOpenAI() as fake:
-        fake.default = loop_model(run, kind)
         config = config_for(fake.base_url, tmp / "data", window, kind)
-        config.workspace.mkdir(parents=True, exist_ok=True)
-        (config.workspace / "AGENTS.md").write_text(AGENTS_MD, encoding="utf-8")
-        gateway = Gateway(config)
-        await gateway.start()
-        try:
-            key = "agent:main:import:direct:agent-run"
-            await import_messages(gateway, path, key)
-            began = time.perf_counter()
-            outcome = await compact(gateway, key)
-            seconds = time.perf_counter() - began
-            session = await gateway.store.get_session(key)
-            assert session is not None and session.id is not None
-            view = await gateway.runner.view(session.id, use_cache=False)
-            settings = gateway.runner.settings_for(session, None)
-            plan = gateway.engine.assemble(
-                gateway.runner.turn_context(key, view, 1 << 62, settings)
-            )
-            # What the next model call would carry, with the tools it would be offered.
-            messages = [m.to_openai() for m in plan.messages]
-            tools = gateway.tools.specs()
-            ctx = ToolContext(session_key=key)
-            searches = {}
-            for query in run.identifiers:
-                found = await gateway.tools.call(
-                    "history_search", json.dumps({"query": query, "limit": 5}), ctx
-                )
-                searches[query] = found.content
-        finally:
-            await gateway.stop()
-    tokens = prompt_tokens(messages, tools)
+        result = await run_import(config, fake, run, kind, tmp, queries=run.identifiers,
+                                  agents_md=AGENTS_MD)
+    messages = [m.to_openai() for m in result.prompt]
+    tokens = prompt_tokens(messages, result.tools)
     return {
         "engine": "gatehouse", "path": "import + compact", "rounds": run.rounds,
-        "window": window, "kind": kind, "committed": outcome.committed,
+        "window": window, "kind": kind, "committed": result.committed,
         "fits": tokens <= usable(window), "ask": has_ask(messages, run),
         "red_lines": RED_LINES.splitlines()[0] in str(messages[0].get("content")),
-        "tokens": tokens, "seconds_per_compaction": round(seconds, 3), "compactions": 1,
-        **tally(run, prompt_text(messages), searches),
+        "tokens": tokens, "seconds_per_compaction": round(result.seconds, 3), "compactions": 1,
+        **tally(run, prompt_text(messages), result.searches),
     }
 
 
@@ -192,7 +166,9 @@ async def gatehouse_live(run: AgentRun, window: int, kind: str, tmp: Path) -> di
                          for c in result.chats),
         "tokens": sizes[-1] if sizes else 0, "largest_prompt": max(sizes, default=0),
         "compactions": result.compactions,
-        "seconds_per_compaction": round(result.seconds / max(1, result.compactions), 3),
+        "seconds_per_compaction": round(
+            sum(result.compaction_seconds) / max(1, len(result.compaction_seconds)), 3
+        ),
         **tally(run, prompt_text(result.final_prompt), result.searches),
     }
 
@@ -200,47 +176,9 @@ async def gatehouse_live(run: AgentRun, window: int, kind: str, tmp: Path) -> di
 # -- the peers ----------------------------------------------------------------------------------
 
 
-def langchain_available() -> bool:
-    try:
-        import langchain.agents.middleware  # noqa: F401
-        import langchain_openai  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def peer_summarizer(kind: str) -> Any:
     """Every request is a summary call (langchain's prompt is its own)."""
-
-    def answer(body: dict[str, Any]) -> Any:
-        if kind == "empty":
-            return reply("")
-        if kind == "failing":
-            return error(500)
-        if kind == "hanging":
-            return hang()
-        text = "\n".join(str(m.get("content") or "") for m in body["messages"])
-        return reply(agent_summary(text, lossy=kind == "lossy"))
-
-    return answer
-
-
-def to_langchain(messages: list[Message]) -> list[Any]:
-    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
-
-    out: list[Any] = []
-    for m in messages:
-        if m.role == "user":
-            out.append(HumanMessage(content=m.text))
-        elif m.role == "assistant":
-            calls = [
-                {"name": c.name, "args": json.loads(c.arguments), "id": c.id, "type": "tool_call"}
-                for c in m.tool_calls
-            ]
-            out.append(AIMessage(content=m.text or "", tool_calls=calls))
-        elif m.role == "tool":
-            out.append(ToolMessage(content=m.text, tool_call_id=m.tool_call_id or ""))
-    return out
+    return lambda body: summary_step(kind, body, agent_summary)
 
 
 def from_langchain(message: Any) -> dict[str, Any]:

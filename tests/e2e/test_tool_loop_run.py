@@ -13,10 +13,9 @@ from typing import Any
 import aiohttp
 
 from context.budget import BudgetSettings, make_budget
-from context.types import Message
 from gateway.model.tokenizer import load_counter
 from tests.fakes import FakeOpenAI, reply, tool_call
-from tests.fakes.tool_loops import agent_run, agent_summary
+from tests.fakes.tool_loops import agent_run, agent_summary, prompt_problems
 from tests.fakes.transcripts import AGENTS_MD, RED_LINES, is_flush_request, is_summary_request
 from tests.helpers.cli import GATEHOUSE, env, run_cli, write_config
 
@@ -91,23 +90,11 @@ async def test_a_300_round_turn_through_gatehouse_run(tmp_path: Path) -> None:
         chats = [r for r in fake.requests if not is_summary_request(r) and not is_flush_request(r)]
     assert body["replies"] == [DONE]
     assert len(chats) == ROUNDS + 1
-    counter = load_counter("fake-model")  # the gateway's token authority for this model
-    usable = make_budget(WINDOW, BudgetSettings()).usable
-    red_line = RED_LINES.splitlines()[0]
-    problems = []
-    for n, request in enumerate(chats):
-        messages = request["messages"]
-        tokens = sum(counter.count_message(Message.from_openai(m)) for m in messages)
-        tokens += counter.count_tools(request.get("tools") or [])
-        if tokens > usable:
-            problems.append(f"prompt {n}: {tokens:,} > {usable:,}")
-        if not any(m["role"] == "user" and m.get("content") == run.ask for m in messages):
-            problems.append(f"prompt {n}: no ask")
-        if red_line not in (messages[0].get("content") or ""):
-            problems.append(f"prompt {n}: no red lines")
-        calls = {c["id"] for m in messages for c in m.get("tool_calls") or ()}
-        if calls != {m.get("tool_call_id") for m in messages if m["role"] == "tool"}:
-            problems.append(f"prompt {n}: orphaned tool messages")
+    problems = prompt_problems(
+        chats, run.ask, make_budget(WINDOW, BudgetSettings()).usable,
+        load_counter("fake-model"),  # the gateway's token authority for this model
+        RED_LINES.splitlines()[0],
+    )
     assert problems == []
     last = chats[-1]["messages"]
     assert last[1]["content"].startswith("[Summary of earlier conversation")

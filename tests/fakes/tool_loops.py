@@ -38,13 +38,18 @@ __all__ = [
     "FINAL",
     "SESSION_KEY",
     "AgentRun",
+    "ImportResult",
     "LiveResult",
     "PlantedFailure",
     "agent_run",
     "agent_summary",
     "loop_model",
     "loop_tools",
+    "prompt_problems",
+    "run_import",
     "run_live",
+    "where_failure",
+    "where_identifier",
 ]
 
 ASK_EN = (
@@ -315,8 +320,13 @@ def loop_model(run: AgentRun, kind: str, final: str = FINAL) -> Callable[[dict[s
     """The fake server's `default` for a live loop: chat requests get the run's rounds one
     after another (their calls' names and arguments), then `final`; summary requests behave
     as `kind` (good, lossy, empty, failing, hanging); the memory flush answers NO_REPLY."""
-    from tests.fakes.openai_server import error, hang, reply, tool_calls
-    from tests.fakes.transcripts import SUMMARIZER_KINDS, is_flush_request, is_summary_request
+    from tests.fakes.openai_server import reply, tool_calls
+    from tests.fakes.transcripts import (
+        SUMMARIZER_KINDS,
+        is_flush_request,
+        is_summary_request,
+        summary_step,
+    )
 
     if kind not in SUMMARIZER_KINDS:
         raise ValueError(f"unknown summarizer kind {kind!r}")
@@ -326,14 +336,7 @@ def loop_model(run: AgentRun, kind: str, final: str = FINAL) -> Callable[[dict[s
         if is_flush_request(body):
             return reply("NO_REPLY")
         if is_summary_request(body):
-            if kind == "empty":
-                return reply("")
-            if kind == "failing":
-                return error(500)
-            if kind == "hanging":
-                return hang()
-            text = "\n".join(str(m.get("content") or "") for m in body["messages"])
-            return reply(agent_summary(text, lossy=kind == "lossy"))
+            return summary_step(kind, body, agent_summary)
         if served[0] >= run.rounds:
             return reply(final)
         calls = run.round_messages(served[0])[0].tool_calls
@@ -376,6 +379,8 @@ class LiveResult:
     seconds: float
     searches: dict[str, str] = field(default_factory=dict)
     compactions: int = 0
+    compaction_seconds: list[float] = field(default_factory=list)
+    """How long each compaction of the turn took (its stored quality report)."""
     summary_calls: int = 0
 
     @property
@@ -424,12 +429,13 @@ async def run_live(
             )
             searches[query] = result.content
         session = await gateway.store.get_session(SESSION_KEY)
-        compactions = 0
+        rows = []
         if session is not None and session.id is not None:
-            compactions = len(await gateway.store.compactions(session.id))
+            rows = await gateway.store.compactions(session.id)
         return LiveResult(
             usable=usable, chats=chats, reply=answer.replies, seconds=seconds,
-            searches=searches, compactions=compactions,
+            searches=searches, compactions=len(rows),
+            compaction_seconds=[float((r.quality or {}).get("seconds") or 0) for r in rows],
             summary_calls=sum(1 for r in requests if is_summary_request(r)),
         )
     finally:
@@ -474,3 +480,91 @@ def where_failure(
     if code in hits:
         return "lookup"
     return "lost"
+
+
+def prompt_problems(
+    chats: Sequence[dict[str, Any]], ask: str, usable: int, counter: Any, red_line: str
+) -> list[str]:
+    """What each chat request (a prompt) breaks of the promise: over the usable tokens
+    (`counter`: the gateway's token authority), without the ask verbatim or the red lines,
+    a tool call without its result or a result without its call."""
+    from context.types import Message
+
+    problems: list[str] = []
+    for n, body in enumerate(chats):
+        messages = body["messages"]
+        tokens = sum(counter.count_message(Message.from_openai(m)) for m in messages)
+        tokens += counter.count_tools(body.get("tools") or [])
+        if tokens > usable:
+            problems.append(f"prompt {n}: {tokens:,} tokens > {usable:,} usable")
+        if not any(m["role"] == "user" and m.get("content") == ask for m in messages):
+            problems.append(f"prompt {n}: the ask is not in it verbatim")
+        if red_line not in (messages[0].get("content") or ""):
+            problems.append(f"prompt {n}: the red lines are missing")
+        calls = {c["id"] for m in messages for c in m.get("tool_calls") or ()}
+        results = {m.get("tool_call_id") for m in messages if m["role"] == "tool"}
+        if calls != results:
+            problems.append(f"prompt {n}: orphaned tool messages {sorted(calls ^ results)[:3]}")
+    return problems
+
+
+@dataclass
+class ImportResult:
+    committed: bool
+    message: str
+    """What the operator is told (`describe_compaction`)."""
+    prompt: list[Message]
+    """The next model call's messages after the compaction."""
+    tools: list[dict[str, Any]]
+    pinned: list[Message]
+    """The messages the summary pins, first in the history after it."""
+    seconds: float
+    """Of the compaction."""
+    searches: dict[str, str] = field(default_factory=dict)
+
+
+async def run_import(
+    config: Any, fake: Any, run: AgentRun, kind: str, tmp: Any, *,
+    queries: Sequence[str] = (), agents_md: str | None = None,
+) -> ImportResult:
+    """Import the run as a session and compact it, as `gatehouse sessions import` and
+    `sessions compact` do (summarizer `kind` on `fake`); the prompt the session's next model
+    call would carry, and `history_search` of each of `queries` in the session."""
+    from gateway.app import Gateway
+    from gateway.operations import import_messages
+    from gateway.operations.compaction import compact
+    from gateway.tools.registry import ToolContext
+
+    path = tmp / "agent-run.jsonl"
+    path.write_text(run.jsonl("You are a coding agent."), encoding="utf-8")
+    fake.default = loop_model(run, kind)
+    if agents_md is not None:
+        config.workspace.mkdir(parents=True, exist_ok=True)
+        (config.workspace / "AGENTS.md").write_text(agents_md, encoding="utf-8")
+    gateway = Gateway(config)
+    await gateway.start()
+    try:
+        key = "agent:main:import:direct:agent-run"
+        await import_messages(gateway, path, key)
+        started = time.perf_counter()
+        outcome = await compact(gateway, key)
+        seconds = time.perf_counter() - started
+        session = await gateway.store.get_session(key)
+        assert session is not None and session.id is not None
+        view = await gateway.runner.view(session.id, use_cache=False)
+        settings = gateway.runner.settings_for(session, None)
+        plan = gateway.engine.assemble(gateway.runner.turn_context(key, view, 1 << 62, settings))
+        pinned = [m for m in view.history if view.summary and (m.seq or 0) <= view.summary.last_seq]
+        ctx = ToolContext(session_key=key)
+        searches: dict[str, str] = {}
+        for query in dict.fromkeys(queries):
+            found = await gateway.tools.call(
+                "history_search", json.dumps({"query": query, "limit": 5}), ctx
+            )
+            searches[query] = found.content
+        return ImportResult(
+            outcome.committed, outcome.message, list(plan.messages), gateway.tools.specs(),
+            pinned, seconds, searches,
+        )
+    finally:
+        await gateway.stop()

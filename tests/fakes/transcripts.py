@@ -66,6 +66,7 @@ __all__ = [
     "run_case",
     "search_hits",
     "summarizer_fake",
+    "summary_step",
 ]
 
 SECTION_HEADINGS = (
@@ -1179,30 +1180,43 @@ def good_summary(text: str, t: Transcript, lossy: bool = False) -> str:
     )
 
 
+def summary_step(kind: str, body: dict[str, Any], write: Callable[[str, bool], str]) -> Any:
+    """How a summarizer of `kind` answers the summary request `body`: empty, HTTP 500, never,
+    or `write(prompt text, lossy)` (good and lossy)."""
+    from tests.fakes.openai_server import error, hang, reply
+
+    if kind not in SUMMARIZER_KINDS:
+        raise ValueError(f"unknown summarizer kind {kind!r}")
+    if kind == "empty":
+        return reply("")
+    if kind == "failing":
+        return error(500)
+    if kind == "hanging":
+        return hang()
+    text = "\n".join(str(m.get("content") or "") for m in body["messages"])
+    return reply(write(text, kind == "lossy"))
+
+
 def summarizer_fake(
     kind: str, transcript: Transcript, chat_reply: str = "On it.", *, every_call: bool = False
 ) -> Callable[[dict[str, Any]], Any]:
     """The fake server's `default`: summary calls behave as `kind`, the memory flush answers
     NO_REPLY, chat calls get `chat_reply`. `every_call`: every request is a summary call (for a
     peer whose summary prompt is its own, e.g. langchain's)."""
-    from tests.fakes.openai_server import error, hang, reply
+    from tests.fakes.openai_server import reply
 
     if kind not in SUMMARIZER_KINDS:
         raise ValueError(f"unknown summarizer kind {kind!r}")
+
+    def write(text: str, lossy: bool) -> str:
+        return good_summary(text, transcript, lossy=lossy)
 
     def answer(body: dict[str, Any]) -> Any:
         if not every_call and is_flush_request(body):
             return reply("NO_REPLY")
         if not every_call and not is_summary_request(body):
             return reply(chat_reply)
-        if kind == "empty":
-            return reply("")
-        if kind == "failing":
-            return error(500)
-        if kind == "hanging":
-            return hang()
-        text = "\n".join(str(m.get("content") or "") for m in body["messages"])
-        return reply(good_summary(text, transcript, lossy=kind == "lossy"))
+        return summary_step(kind, body, write)
 
     return answer
 

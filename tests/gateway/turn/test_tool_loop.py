@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 
-from context.types import Message
 from gateway.model.tokenizer import load_counter
 from tests.conftest import MakeConfig
 from tests.fakes import FakeOpenAI, fn, reply, tool_calls
@@ -32,6 +31,7 @@ from tests.fakes.tool_loops import (
     agent_run,
     loop_model,
     loop_tools,
+    prompt_problems,
     run_live,
     where_failure,
     where_identifier,
@@ -49,23 +49,9 @@ def loop_config(make_config: MakeConfig, fake: FakeOpenAI, window: int, kind: st
 
 def broken(run: Any, result: LiveResult) -> list[str]:
     """Every part of the promise the turn broke, for one failure message."""
-    counter = load_counter("gpt-4o")
-    red_line = RED_LINES.splitlines()[0]
-    problems: list[str] = []
-    for n, body in enumerate(result.chats):
-        messages = body["messages"]
-        tokens = sum(counter.count_message(Message.from_openai(m)) for m in messages)
-        tokens += counter.count_tools(body.get("tools") or [])
-        if tokens > result.usable:
-            problems.append(f"prompt {n}: {tokens:,} tokens > {result.usable:,} usable")
-        if not any(m["role"] == "user" and m.get("content") == run.ask for m in messages):
-            problems.append(f"prompt {n}: the ask is not in it verbatim")
-        if red_line not in (messages[0].get("content") or ""):
-            problems.append(f"prompt {n}: the red lines are missing")
-        calls = {c["id"] for m in messages for c in m.get("tool_calls") or ()}
-        results = {m.get("tool_call_id") for m in messages if m["role"] == "tool"}
-        if calls != results:
-            problems.append(f"prompt {n}: orphaned tool messages {sorted(calls ^ results)[:3]}")
+    problems = prompt_problems(
+        result.chats, run.ask, result.usable, load_counter("gpt-4o"), RED_LINES.splitlines()[0]
+    )
     text = prompt_text(result.final_prompt)
     lost = [i for i in run.identifiers if where_identifier(i, text, result.searches) == "lost"]
     if lost:
