@@ -263,11 +263,13 @@ class DefaultContextEngine(BuiltinEngine):
         acc = tool_acc = tools_seen = 0
         trimmed_n = cleared_n = 0
         fit_count: int | None = None  # how many of the newest messages fit the budget
-        walked: list[tuple[int, Message]] = []  # (position, message as sent), newest first
-        acc_at: list[int] = []  # tokens of walked[: k + 1]
-        whole: list[bool] = []  # walked[: k + 1] holds whole rounds (no result without its call)
-        open_results: set[str] = set()
-        pruned_at: set[int] = set()
+        fit_acc = 0
+        walked: list[Message] = []  # newest first, as sent (pruned results pruned)
+        pruned_at: list[int] = []  # indexes into `walked`
+        # This turn's rounds come first among the walked: how many, their tokens, their places
+        # in `incoming`; walked[i] for i >= turn_n is history[n_hist - 1 - (i - turn_n)].
+        turn_n = turn_acc = 0
+        turn_places: list[int] = []
         while pos > start and acc <= room:
             pos -= 1
             in_turn = pos >= n_hist
@@ -279,38 +281,34 @@ class DefaultContextEngine(BuiltinEngine):
                 m = history[pos]
                 if m.tokens is None:
                     m = count(m)
-            if m.role == "tool":
-                tokens_m = m.tokens or 0
-                if not in_turn:
+                if m.role == "tool":
                     tools_seen += 1
-                # Past the newest `keep_recent`, over the share; or one result larger than the
-                # whole share (an imported session's 50 KB log), which no prompt can carry.
-                if not in_turn and (
-                    tokens_m > tool_cap or (tools_seen > keep_recent and tool_acc + tokens_m > tool_cap)
-                ):
-                    trimmed = m
-                    if tool_acc + TRIMMED_RESULT_TOKENS <= tool_cap:
-                        trimmed = self._pruned(m, "trim", counter)
-                    if trimmed is not m and tool_acc + (trimmed.tokens or 0) <= tool_cap:
-                        m = trimmed
-                        trimmed_n += 1
-                    else:
-                        m = self._pruned(m, "clear", counter)
-                        cleared_n += 1
-                    pruned_at.add(pos)
-                if not in_turn:
+                    tokens_m = m.tokens or 0
+                    # Past the newest `keep_recent`, over the share; or one result larger than
+                    # the whole share (an imported session's 50 KB log), which no prompt can
+                    # carry.
+                    if tokens_m > tool_cap or (
+                        tools_seen > keep_recent and tool_acc + tokens_m > tool_cap
+                    ):
+                        trimmed = m
+                        if tool_acc + TRIMMED_RESULT_TOKENS <= tool_cap:
+                            trimmed = self._pruned(m, "trim", counter)
+                        if trimmed is not m and tool_acc + (trimmed.tokens or 0) <= tool_cap:
+                            m = trimmed
+                            trimmed_n += 1
+                        else:
+                            m = self._pruned(m, "clear", counter)
+                            cleared_n += 1
+                        pruned_at.append(len(walked))
                     tool_acc += m.tokens or 0
-                if m.tool_call_id:
-                    open_results.add(m.tool_call_id)
-            elif m.tool_calls:
-                open_results.difference_update(c.id for c in m.tool_calls)
             tokens = m.tokens or 0
             if fit_count is None and acc + tokens > fit_room:
-                fit_count = len(walked)
+                fit_count, fit_acc = len(walked), acc
             acc += tokens
-            walked.append((pos, m))
-            acc_at.append(acc)
-            whole.append(not open_results and m.role != "tool")
+            walked.append(m)
+            if in_turn:
+                turn_n, turn_acc = turn_n + 1, acc
+                turn_places.append(pos - n_hist)
         truncated_walk = pos > start
         pruned = trimmed_n + cleared_n
         if pruned:
@@ -334,23 +332,24 @@ class DefaultContextEngine(BuiltinEngine):
             )
             return ContextPlan([], tuple(notes), facts, tier, error, tuple(counted))
 
-        def cut_to_fit() -> tuple[int, list[int]]:
-            """How many of the newest walked messages fit, cut at a round boundary, and the
-            ask pinned with them when the cut falls inside an older turn."""
-            cut = fit_count if fit_count is not None else len(walked)
+        def cut_to_fit() -> tuple[int, list[int], int]:
+            """How many of the newest walked messages fit, cut before a message that is no
+            tool result (a round is stored whole, its results right after its call), their
+            tokens, and the ask pinned with them when the cut falls inside an older turn."""
+            cut, kept = (fit_count, fit_acc) if fit_count is not None else (len(walked), acc)
             while True:
-                while cut > 0 and not whole[cut - 1]:
+                while cut > 0 and walked[cut - 1].role == "tool":
                     cut -= 1
+                    kept -= walked[cut].tokens or 0
                 if cut == 0:
-                    return 0, []
-                oldest = walked[cut - 1][0]
-                if oldest >= n_hist or history[oldest].role == "user":
-                    return cut, []
-                pins = ask_of(history, oldest)
-                pinned = sum(count(history[p]).tokens or 0 for p in pins)
-                if acc_at[cut - 1] + pinned <= fit_room:
-                    return cut, pins
+                    return 0, [], 0
+                if cut <= turn_n or walked[cut - 1].role == "user":
+                    return cut, [], kept
+                pins = ask_of(history, n_hist - cut + turn_n)
+                if kept + sum(count(history[p]).tokens or 0 for p in pins) <= fit_room:
+                    return cut, pins, kept
                 cut -= 1
+                kept -= walked[cut].tokens or 0
 
         def cut_note(cut: int, pins: Sequence[int]) -> list[str]:
             left = len(walked) - cut + (pos - start) - len(pins)
@@ -362,25 +361,28 @@ class DefaultContextEngine(BuiltinEngine):
         #    (what is sent when `small_overflow = "compact"` cannot compact), or a block of the
         #    oldest, and cuts at rounds when the turns left cannot make it fit.
         pins: list[int] = []
-        chosen = walked
+        cut = len(walked)
+        kept_tokens = acc
+        dropped: set[int] | None = None  # DROP_OLDEST: indexes of `walked` its turns drop
         dropped_desc: list[str] = []
         if tier in (Tier.COMPACT, Tier.COMPACT_THEN_DROP):
-            cut, pins = cut_to_fit()
-            chosen, dropped_desc = walked[:cut], cut_note(cut, pins)
+            cut, pins, kept_tokens = cut_to_fit()
+            dropped_desc = cut_note(cut, pins)
         elif tier is Tier.DROP_OLDEST:
-            older = [m for p, m in reversed(walked) if p < n_hist]
-            newer = [(p, m) for p, m in walked if p >= n_hist]
-            rest = fixed + ask_tokens + sum(m.tokens or 0 for _p, m in newer)
+            older = walked[turn_n:][::-1]
+            rest = fixed + ask_tokens + turn_acc
             if settings.small_overflow == "drop-blocks":
                 left, dropped_desc = self._drop_block(older, budget.usable, rest, ratio)
             else:
                 left, dropped_desc = self._drop_to_fit(older, budget.usable, rest, ratio, tier)
-            if round((rest + sum(m.tokens or 0 for m in left)) * ratio) <= budget.usable:
+            left_tokens = sum(m.tokens or 0 for m in left)
+            if round((rest + left_tokens) * ratio) <= budget.usable:
                 stays = {id(m) for m in left}
-                chosen = [(p, m) for p, m in walked if p >= n_hist or id(m) in stays]
+                dropped = {i for i in range(turn_n, len(walked)) if id(walked[i]) not in stays}
+                kept_tokens = turn_acc + left_tokens
             else:
-                cut, pins = cut_to_fit()
-                chosen, dropped_desc = walked[:cut], cut_note(cut, pins)
+                cut, pins, kept_tokens = cut_to_fit()
+                dropped_desc = cut_note(cut, pins)
         if tier is not Tier.FITS:
             notes.append(
                 f"over budget ({tier.value}): {'; '.join(dropped_desc) or 'nothing'} dropped"
@@ -391,24 +393,32 @@ class DefaultContextEngine(BuiltinEngine):
                     else ""
                 )
             )
-        sent: dict[int, Message] = dict(chosen)
-        for p in pins:
-            sent[p] = count(history[p])
-        for j, m in enumerate(incoming):
-            if m.role == "user":
-                sent[n_hist + j] = m
+        # The prompt in order: the pinned ask of a turn cut into, the kept messages oldest
+        # first, this turn's ask at its place among its rounds.
+        pinned = [count(history[p]) for p in pins]
+        if dropped is None:
+            older = walked[turn_n:cut][::-1]
+        else:
+            older = [walked[i] for i in range(len(walked) - 1, turn_n - 1, -1) if i not in dropped]
+        # This turn: its rounds kept and its ask (and any message it took in) at their places.
+        rounds = sorted(zip(turn_places[: min(cut, turn_n)], walked[: min(cut, turn_n)],
+                            strict=True))
+        asks = [(j, m) for j, m in enumerate(incoming) if m.role == "user"]
+        this_turn = [m for _j, m in sorted([*rounds, *asks], key=lambda x: x[0])]
+        ordered = [*pinned, *older, *this_turn]
+        turn_kept = turn_acc if cut >= turn_n else kept_tokens
+        history_tokens = kept_tokens - turn_kept + sum(m.tokens or 0 for m in pinned)
+        incoming_tokens = ask_tokens + turn_kept
         # What the budget kept out, or sent pruned, for the runner to archive.
-        left_out = tuple(
-            seq for p, m in walked
-            if (seq := m.seq) is not None and (p not in sent or p in pruned_at)
-        )
+        left_out = tuple(m.seq for m in walked[cut:] if m.seq is not None)
+        if dropped:
+            left_out += tuple(s for i in dropped if (s := walked[i].seq) is not None)
+        if pruned_at:
+            left_out += tuple(s for i in pruned_at if i < cut and (s := walked[i].seq) is not None)
         unwalked = (history[pos - 1] if pos <= n_hist else incoming[pos - 1 - n_hist]) if (
             truncated_walk
         ) else None
         left_out_through = unwalked.seq if unwalked is not None else None
-        ordered = [sent[p] for p in sorted(sent)]
-        history_tokens = sum(m.tokens or 0 for p, m in sent.items() if p < n_hist)
-        incoming_tokens = sum(m.tokens or 0 for p, m in sent.items() if p >= n_hist)
         sent_local = fixed + history_tokens + incoming_tokens
         plan_tokens = PlanTokens(
             local_total,
