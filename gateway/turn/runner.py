@@ -435,6 +435,8 @@ class Runner:
         done = self.archived.seqs(session_key)
         wanted = set(plan.left_out)
         through = plan.left_out_through if plan.left_out_through is not None else -1
+        if wanted <= done and (through < 0 or through in done):
+            return  # all archived already (what lies before `through` goes with it)
         todo = [
             m for m in view.history
             if m.seq is not None and m.seq not in done and (m.seq <= through or m.seq in wanted)
@@ -521,16 +523,16 @@ class Runner:
 
 def largest_part(messages: list[Message]) -> str | None:
     """The largest unit of a prompt, named for an overflow error: a tool round ("the tool
-    results of round 3 (seq 40-52, 9,120 tokens)") or a message."""
+    results of the round at seq 40-52 (grep, run_command; 9,120 tokens)") or a message."""
     best: tuple[int, str] | None = None
-    rounds = 0
     for unit in split_units(messages[1:]):
         tokens = unit.tokens
         seqs = [m.seq for m in unit.messages if m.seq is not None]
         where = f"seq {min(seqs)}-{max(seqs)}, " if seqs else ""
         if unit.kind == "round":
-            rounds += 1
-            name = f"the tool results of round {rounds} ({where}{tokens:,} tokens)"
+            tools = ", ".join(sorted({c.name for c in unit.messages[0].tool_calls}))
+            at = f" at seq {min(seqs)}-{max(seqs)}" if seqs else ""
+            name = f"the tool results of the round{at} ({tools}; {tokens:,} tokens)"
         elif unit.kind == "ask":
             name = f"the new message ({where}{tokens:,} tokens)"
         else:
