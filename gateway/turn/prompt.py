@@ -39,7 +39,7 @@ class TurnPrompts:
     tools: ToolRegistry
     resolver: ContextResolver
     agents: AgentsFile
-    _specs_cache: tuple[tuple[str, ...], ToolSpecs, int, ToolSpecs] | None = field(
+    _specs_cache: tuple[tuple[str, ...], ToolSpecs, int, ToolSpecs, int] | None = field(
         init=False, default=None
     )
     _compaction_settings: tuple[tuple[int, str], CompactionSettings] | None = field(
@@ -70,8 +70,17 @@ class TurnPrompts:
         if self._specs_cache is None or self._specs_cache[0] != names:
             specs = self.tools.specs()
             fresh = [s for s in specs if s.get("function", {}).get("name") != ARCHIVE_TOOL]
-            self._specs_cache = (names, specs, self.resolver.counter.count_tools(specs), fresh)
+            count = self.resolver.counter.count_tools
+            self._specs_cache = (names, specs, count(specs), fresh, count(fresh))
         return self._specs_cache[1], self._specs_cache[2], self._specs_cache[3]
+
+    def lookup_tool_tokens(self) -> int:
+        """Tokens of the lookup tool's schema: counted in every budget, sent only once the
+        session has something to look up (a calibration sample of a call without it must not
+        count them)."""
+        self.tool_specs()
+        assert self._specs_cache is not None
+        return self._specs_cache[2] - self._specs_cache[4]
 
     def tools_tokens(self) -> int:
         """Tokens of every tool schema sent with a call."""

@@ -355,6 +355,8 @@ class Runner:
                 completion.usage.completion_tokens or 0
             )
             sent = plan.tokens.sent_local if plan.tokens is not None else None
+            if sent and not lookup:  # the budget counts the lookup tool, this call lacked it
+                sent -= self.prompts.lookup_tool_tokens()
             if completion.usage.prompt_tokens and sent:
                 self.resolver.calibration(session_key).observe(
                     sent, completion.usage.prompt_tokens

@@ -46,6 +46,7 @@ __all__ = [
     "loop_model",
     "loop_tools",
     "prompt_problems",
+    "request_tokens",
     "run_import",
     "run_live",
     "where_failure",
@@ -316,10 +317,15 @@ def agent_summary(text: str, lossy: bool = False) -> str:
     return "\n".join(lines)
 
 
-def loop_model(run: AgentRun, kind: str, final: str = FINAL) -> Callable[[dict[str, Any]], Any]:
+def loop_model(
+    run: AgentRun, kind: str, final: str = FINAL,
+    prompt_tokens: Callable[[dict[str, Any]], int] | None = None,
+) -> Callable[[dict[str, Any]], Any]:
     """The fake server's `default` for a live loop: chat requests get the run's rounds one
     after another (their calls' names and arguments), then `final`; summary requests behave
-    as `kind` (good, lossy, empty, failing, hanging); the memory flush answers NO_REPLY."""
+    as `kind` (good, lossy, empty, failing, hanging); the memory flush answers NO_REPLY.
+    `prompt_tokens`: what the chat replies report as the prompt's size (default: the fake's
+    estimate of four characters a token)."""
     from tests.fakes.openai_server import reply, tool_calls
     from tests.fakes.transcripts import (
         SUMMARIZER_KINDS,
@@ -337,11 +343,12 @@ def loop_model(run: AgentRun, kind: str, final: str = FINAL) -> Callable[[dict[s
             return reply("NO_REPLY")
         if is_summary_request(body):
             return summary_step(kind, body, agent_summary)
+        usage = None if prompt_tokens is None else {"prompt_tokens": prompt_tokens(body)}
         if served[0] >= run.rounds:
-            return reply(final)
+            return reply(final, usage=usage)
         calls = run.round_messages(served[0])[0].tool_calls
         served[0] += 1
-        return tool_calls(*((c.name, c.arguments) for c in calls))
+        return tool_calls(*((c.name, c.arguments) for c in calls), usage=usage)
 
     return answer
 
@@ -482,19 +489,24 @@ def where_failure(
     return "lost"
 
 
+def request_tokens(body: dict[str, Any], counter: Any) -> int:
+    """A chat request's prompt tokens by `counter`: its messages and tool schemas."""
+    from context.types import Message
+
+    tokens = sum(counter.count_message(Message.from_openai(m)) for m in body["messages"])
+    return int(tokens + counter.count_tools(body.get("tools") or []))
+
+
 def prompt_problems(
     chats: Sequence[dict[str, Any]], ask: str, usable: int, counter: Any, red_line: str
 ) -> list[str]:
     """What each chat request (a prompt) breaks of the promise: over the usable tokens
     (`counter`: the gateway's token authority), without the ask verbatim or the red lines,
     a tool call without its result or a result without its call."""
-    from context.types import Message
-
     problems: list[str] = []
     for n, body in enumerate(chats):
         messages = body["messages"]
-        tokens = sum(counter.count_message(Message.from_openai(m)) for m in messages)
-        tokens += counter.count_tools(body.get("tools") or [])
+        tokens = request_tokens(body, counter)
         if tokens > usable:
             problems.append(f"prompt {n}: {tokens:,} tokens > {usable:,} usable")
         if not any(m["role"] == "user" and m.get("content") == ask for m in messages):

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from context.budget import BudgetSettings, make_budget
 from gateway.model.tokenizer import load_counter
 from tests.conftest import MakeConfig
 from tests.fakes import FakeOpenAI, fn, reply, tool_calls
@@ -32,11 +33,19 @@ from tests.fakes.tool_loops import (
     loop_model,
     loop_tools,
     prompt_problems,
+    request_tokens,
     run_live,
     where_failure,
     where_identifier,
 )
-from tests.fakes.transcripts import AGENTS_MD, RED_LINES, promise_sections, prompt_text
+from tests.fakes.transcripts import (
+    AGENTS_MD,
+    RED_LINES,
+    is_flush_request,
+    is_summary_request,
+    promise_sections,
+    prompt_text,
+)
 
 ROUNDS = 300
 
@@ -229,3 +238,63 @@ async def test_compact_sent_during_a_tool_loop_compacts_at_the_next_round(
     later = [r for r in fake.requests if r.get("tools")][-1]["messages"]
     assert any(m["role"] == "user" and m.get("content") == run.ask for m in later)
     assert later[1]["content"].startswith("[Summary of earlier conversation")
+
+
+async def test_with_compaction_paused_a_long_loop_is_cut_at_rounds_and_archived(
+    make_config: MakeConfig,
+) -> None:
+    """Automatic compaction paused (after ineffective ones): the loop's prompts are cut at round
+    boundaries instead, with the ask pinned, and every round a prompt leaves out is archived
+    the first time, so each identifier is still in the prompt or one lookup away."""
+    from sqlmodel import col, update
+
+    from gateway.store.models import SessionRow
+    from tests.conftest import started
+
+    run = agent_run(120)
+    key = f"agent:main:webchat:direct:{SESSION_USER}"
+    async with FakeOpenAI() as fake:
+        config = loop_config(make_config, fake, 16_000, "good")
+        config.workspace.mkdir(parents=True, exist_ok=True)
+        (config.workspace / "AGENTS.md").write_text(AGENTS_MD, encoding="utf-8")
+        async with started(config) as rg:
+            for tool in loop_tools(run):
+                rg.gateway.tools.register(tool)
+            fake.script(reply("hello"))
+            assert (await rg.webchat.submit(SESSION_USER, "hi")).replies == ["hello"]
+            stmt = update(SessionRow).where(col(SessionRow.key) == key)
+            await rg.gateway.store.database.write(
+                lambda db: db.exec(stmt.values(ineffective_compactions=9))  # type: ignore[call-overload]
+            )
+            # The provider reports the prompt's true size (tiktoken): the gateway's calibrated
+            # budget then holds exactly by that count, every round of the cut.
+            counter = load_counter("gpt-4o")
+            fake.default = loop_model(
+                run, "good", prompt_tokens=lambda body: request_tokens(body, counter)
+            )
+            before = len(fake.requests)
+            answer = await rg.webchat.submit(SESSION_USER, run.ask)
+            chats = [r for r in fake.requests[before:]
+                     if not is_flush_request(r) and not is_summary_request(r)]
+            session = await rg.gateway.store.get_session(key)
+            assert session is not None and session.id is not None
+            assert await rg.gateway.store.compactions(session.id) == [], "none ran"
+            from gateway.tools.registry import ToolContext
+
+            searches = {}
+            for query in run.identifiers:
+                found = await rg.gateway.tools.call(
+                    "history_search", json.dumps({"query": query, "limit": 5}),
+                    ToolContext(session_key=key),
+                )
+                searches[query] = found.content
+    assert answer.replies == [FINAL]
+    usable = make_budget(16_000, BudgetSettings()).usable
+    problems = prompt_problems(
+        chats, run.ask, usable, load_counter("gpt-4o"), RED_LINES.splitlines()[0]
+    )
+    assert problems == [], problems[:5]
+    assert "history_search" in json.dumps(chats[-1]["tools"]), "offered once rounds are archived"
+    text = prompt_text(chats[-1]["messages"])
+    lost = [i for i in run.identifiers if where_identifier(i, text, searches) == "lost"]
+    assert lost == []
