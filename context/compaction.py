@@ -34,7 +34,7 @@ import json
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from context.failures import READ_TOOLS, tool_failure
 from context.history import split_turns
@@ -866,8 +866,11 @@ def redact_messages(messages: Sequence[Message]) -> list[Message]:
     """`messages` with every secret in their text and tool-call arguments replaced by its
     marker: what a summarizer, a memory flush or an archive may see."""
     out: list[Message] = []
+    done: dict[str, tuple[str, list[Any]]] = {}  # texts repeat (a reply's "not run" results)
     for m in messages:
-        text, found = redact_secrets(m.text) if m.text else (m.text, [])
+        if m.text and m.text not in done:
+            done[m.text] = redact_secrets(m.text)
+        text, found = done[m.text] if m.text else (m.text, [])
         calls = m.tool_calls
         if calls:
             calls = tuple(replace(c, arguments=redact_secrets(c.arguments)[0]) for c in calls)

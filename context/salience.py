@@ -125,10 +125,19 @@ def rank_identifiers(
     if policy == "off":
         return []
 
+    seen: dict[str, list[Identifier]] = {}
+
     def scan(text: str) -> list[Identifier]:
+        # Texts repeat (a reply's thousand "not run" results, a tool's identical outputs):
+        # each distinct one is scanned once.
         if not text:
             return []
-        return extract_identifiers([text], policy=policy, custom_patterns=custom_patterns)
+        found = seen.get(text)
+        if found is None:
+            found = seen[text] = extract_identifiers(
+                [text], policy=policy, custom_patterns=custom_patterns
+            )
+        return found
 
     stats: dict[str, _Stats] = {}
     # extract_identifiers keeps the first Identifier of a value over [summary, texts, args]; a

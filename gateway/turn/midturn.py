@@ -126,17 +126,20 @@ class MidTurn:
         self._wake = asyncio.Event()
         self._look = True  # once at the start: arrivals before the turn could be told
         self._stop_due = False
-        self._commands_due = True
+        self._commands_due = False  # what waited before the turn is the turn's own to claim
 
     def wake(self) -> None:
         self._wake.set()
         self._commands_due = True
 
-    async def compact_requests(self) -> list[MessageRow]:
+    async def compact_requests(self, rounds: int) -> list[MessageRow]:
         """`/compact` sent while this turn runs, in any queue mode, when it is the first
         message waiting: claimed at a round boundary, so a long tool loop compacts when asked
-        rather than after it ends. Other commands wait for a turn of their own."""
-        if not (self._commands_due or self.cross_process):
+        rather than after it ends. Other commands wait for a turn of their own. Looked for
+        when this process was told of an arrival, or (PostgreSQL: another process may have
+        accepted it) at each boundary after the turn's first `rounds`, never before its first
+        model call: a turn without tools costs no statement more."""
+        if not (self._commands_due or (self.cross_process and rounds > 0)):
             return []
         self._commands_due = False
         waiting = await self.store.arrivals(self.session_id)

@@ -286,7 +286,7 @@ class Runner:
             if await mid.stop_due():
                 return mid.interrupt()
             turn = self.turn_context(session_key, view, first_seq, settings)
-            asked = await mid.compact_requests()
+            asked = await mid.compact_requests(stats.tool_rounds)
             if asked:
                 result = await self._compact_mid_loop(session_key, turn, asked)
                 if result is not None:

@@ -96,6 +96,7 @@ async def test_a_reply_with_ten_thousand_calls_is_capped_and_the_session_goes_on
     async with FakeOpenAI() as fake:
         config = make_config(fake, **promise_sections(16_000, 30.0))
         async with started(config) as rg:
+            rg.webchat.reply_timeout = 60  # the limit under test is the assertion below
             calls = [("memory_search", {"query": f"q{i}"}) for i in range(10_000)]
             fake.default = chat_script(tool_calls(*calls), reply("Looked it up."),
                                        reply("Still here."))
@@ -105,7 +106,7 @@ async def test_a_reply_with_ten_thousand_calls_is_capped_and_the_session_goes_on
             assert answer.replies and answer.replies[-1].startswith("Looked it up."), answer
             assert "9,968 tool calls not run" in answer.replies[-1]
             assert "max_tool_calls_per_round" in answer.replies[-1]
-            assert seconds < 60, seconds
+            assert seconds < 30, seconds  # it took minutes when every call ran
             prompt = fake.requests[-1]["messages"]
             assert any(m.get("content") == "look everything up" for m in prompt)
             assert (await rg.webchat.submit(SESSION_USER, "are you there?")).replies == [
