@@ -135,7 +135,9 @@ class CappedOutput:
         return self.original_chars - self.kept_head - self.kept_middle - self.kept_tail
 
 
-_ARTIFACT_RE = re.compile(r"characters omitted; full output saved to (artifacts/[\w.-]+\.txt) \.\.\.\]")
+_ARTIFACT_RE = re.compile(
+    r"characters omitted; full output saved to (artifacts/(?:[\w+-]+/)?[\w.-]+\.txt) \.\.\.\]"
+)
 
 
 def artifact_path(text: str) -> str | None:

@@ -48,6 +48,7 @@ from gateway.tools.history import HistoryTools
 from gateway.tools.memory import MemoryFlush, MemoryTools
 from gateway.tools.registry import ToolRegistry, default_registry
 from gateway.tools.schedule import ScheduleTools
+from gateway.tools.scope import Scopes
 from gateway.turn.outbox import SENT, Delivery, DeliveryLog, failure_text
 from gateway.turn.previews import Previews
 from gateway.turn.runner import Runner, TurnHooks, compaction_blocked_reason
@@ -128,6 +129,8 @@ class Gateway:
             on_compaction=self.metrics.observe_compaction,
             describe=self.describe_session,
         )
+        # Who each tool call is for: owners, guests, a scheduled task's creator.
+        self.scopes = Scopes(config, self.keyer, cron_creator=self._cron_creator)
         self.runner = Runner(
             config,
             self.store,
@@ -142,8 +145,10 @@ class Gateway:
                 workspace=config.workspace,
                 on_flush=self.metrics.observe_flush,
                 on_notes=self.metrics.observe_flush_notes,
+                scopes=self.scopes,
             ),
             hooks,
+            scopes=self.scopes,
         )
         self.lanes = SessionLanes(
             self.runner.run_turn,
@@ -465,6 +470,14 @@ class Gateway:
 
     async def deliver_stored(self, outbox_id: int, message: OutboundMessage) -> None:
         await self.delivery.send(outbox_id, message)
+
+    async def _cron_creator(self, job_id: str) -> tuple[str | None, bool] | None:
+        """(person, owner) who created scheduled task `job_id`: whose rights its turn has."""
+        try:
+            info = await self.scheduler.job(job_id)
+        except RuntimeError:  # the scheduler is not running: no rights beyond the session
+            return None
+        return None if info is None else (info.created_by, info.by_owner)
 
     def compaction_blocked(self, session: SessionRow) -> str | None:
         return compaction_blocked_reason(session, self.config.context.max_ineffective_compactions)

@@ -190,6 +190,12 @@ class GatewaySection(_Strict):
         default=500, ge=0, description="show typing only when a turn takes longer than this"
     )
     system_prompt: str = "You are a helpful assistant."
+    owners: list[str] = Field(
+        default_factory=list,
+        description='the people the agent works for: "platform:user_id" or an identity-link '
+        "name; they see every note and file, and may schedule posts to other conversations. "
+        "Everyone else is a guest of their own conversation (the terminal user is an owner)",
+    )
     max_message_chars: int = Field(default=100_000, ge=1, description="longer inbound is refused")
     queue_mode: QueueMode = Field(
         default="collect",
@@ -482,6 +488,13 @@ class SchedulerSection(_Strict):
         description="PostgreSQL: how soon another process takes over firing jobs from a dead one",
     )
     max_jobs_per_session: int = Field(default=20, ge=1)
+    max_jobs_per_person: int = Field(
+        default=20, ge=1,
+        description="reminders and scheduled tasks one person may have across conversations",
+    )
+    max_jobs_per_platform: int = Field(
+        default=200, ge=1, description="reminders and scheduled tasks created from one platform"
+    )
     idle_compaction_minutes: int = Field(
         default=120, ge=0, description="compact sessions idle this long; 0 = off"
     )
@@ -536,6 +549,12 @@ class AttachmentsSection(_Strict):
         default=20 * 1024 * 1024, ge=1, description="larger attachments are refused, not saved"
     )
     download_timeout: float = Field(default=60.0, gt=0, description="seconds per attachment")
+    retention_days: int = Field(
+        default=30, ge=0, description="saved files older than this are deleted (0 = kept)"
+    )
+    max_total_mb: int = Field(
+        default=1_024, ge=1, description="the inbox's total size; a file over it is not saved"
+    )
 
 
 class Config(_Strict):
@@ -576,6 +595,19 @@ class Config(_Strict):
 
     def channel(self, name: str) -> ChannelSection:
         return self.channels.get(name)
+
+    @model_validator(mode="after")
+    def _owners_are_people(self) -> Config:
+        for owner in self.gateway.owners:
+            platform, sep, user = owner.partition(":")
+            if sep and not (platform and user):
+                raise ValueError(f"gateway.owners: {owner!r} must look like 'platform:user_id'")
+            if not sep and owner not in self.sessions.identity_links:
+                raise ValueError(
+                    f"gateway.owners: {owner!r} is no [sessions] identity_links name; write "
+                    "'platform:user_id' (e.g. 'telegram:123456') or add the link"
+                )
+        return self
 
     def _resolve(self, path: Path) -> Path:
         path = path.expanduser()

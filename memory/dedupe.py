@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Literal
 
 from memory.index import MemoryIndex
-from memory.notes import ATTRIBUTION, read_lines
+from memory.notes import read_lines
+from memory.visibility import ATTRIBUTION, Visibility
 from memory.workspace import WorkspacePathError
 
 NEAR_COSINE = 0.75
@@ -111,12 +112,16 @@ def _entry_body(text: str) -> str:
     return "\n".join(line for line in text.splitlines() if not ATTRIBUTION.match(line))
 
 
-def find_duplicate(index: MemoryIndex, workspace: Path, text: str) -> Duplicate | None:
+def find_duplicate(
+    index: MemoryIndex, workspace: Path, text: str, visibility: Visibility | None = None
+) -> Duplicate | None:
     """The earlier note entry that already says `text`, or None (write it).
 
-    Compares with the few chunks most like it: by meaning when the index has an encoder, else
-    by BM25 (then only an exact copy counts). Call `index.refresh()` first so hand edits are
-    seen. Never raises for a search or read failure: a note is better written twice than lost.
+    Compares with the few chunks most like it, among those `visibility` allows (a note is
+    never skipped for a copy the writer may not see: that would tell them it exists): by
+    meaning when the index has an encoder, else by BM25 (then only an exact copy counts).
+    Call `index.refresh()` first so hand edits are seen. Never raises for a search or read
+    failure: a note is better written twice than lost.
     """
     new_folded = folded(text)
     if not new_folded:
@@ -125,7 +130,7 @@ def find_duplicate(index: MemoryIndex, workspace: Path, text: str) -> Duplicate 
     try:
         hits = index.search(
             text, limit=CANDIDATES, corpus="notes", mode="vector" if meaning else "bm25",
-            mmr_lambda=None,
+            mmr_lambda=None, notes=visibility,
         )
     except Exception:  # deduplication is best effort: the write goes ahead
         return None
@@ -134,7 +139,8 @@ def find_duplicate(index: MemoryIndex, workspace: Path, text: str) -> Duplicate 
     for hit in hits:
         try:
             window = read_lines(
-                workspace, hit.path, hit.start_line, hit.end_line - hit.start_line + 1
+                workspace, hit.path, hit.start_line, hit.end_line - hit.start_line + 1,
+                visibility,
             )
         except (WorkspacePathError, ValueError, OSError):
             continue

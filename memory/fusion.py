@@ -34,6 +34,7 @@ import numpy as np
 
 from memory.embeddings import Vectors
 from memory.vectors import SOURCE_TABLE, Table, VectorIndex
+from memory.visibility import SearchScope
 
 RRF_K = 60
 """The constant of reciprocal rank fusion (Cormack et al.): damps the weight of the top ranks."""
@@ -309,7 +310,7 @@ def fuse(
     limit: int,
     pool: int,
     hybrid: bool,
-    session_key: str | None,
+    scope: SearchScope,
     mmr_lambda: float | None,
     *,
     expressions: Sequence[str | None] = (),
@@ -325,7 +326,7 @@ def fuse(
     for table in tables:
         near.extend(
             (table, rowid, cosine)
-            for rowid, cosine in index.top_k(conn, table, query, pool, session_key)
+            for rowid, cosine in index.top_k(conn, table, query, pool, scope)
         )
     near.sort(key=lambda item: -item[2])
     near = near[:pool]

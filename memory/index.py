@@ -80,7 +80,8 @@ from memory.vectors import (
     forget_vectors,
     one_blas_thread,
 )
-from memory.workspace import exclusive, scan_workspace
+from memory.visibility import SearchScope, Visibility, entry_authors
+from memory.workspace import exclusive, scan_workspace, split_lines
 
 Corpus = Literal["notes", "transcripts", "all"]
 SearchMode = Literal["bm25", "vector", "hybrid"]
@@ -113,7 +114,10 @@ CREATE TABLE IF NOT EXISTS chunks(
     start_line INTEGER NOT NULL,
     end_line INTEGER NOT NULL,
     body TEXT NOT NULL,
-    short TEXT NOT NULL
+    short TEXT NOT NULL,
+    author TEXT,
+    person TEXT,
+    shared INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS chunks_by_path ON chunks(path);
 CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(
@@ -141,6 +145,11 @@ CREATE TABLE IF NOT EXISTS history_identifiers(
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS history_identifiers_folded ON history_identifiers(session_key, folded);
 """
+_AUTHOR_COLUMNS = (
+    ("author", "TEXT"), ("person", "TEXT"), ("shared", "INTEGER NOT NULL DEFAULT 0"),
+)
+"""Added to `chunks`: whom the note entry a chunk belongs to is for (`memory.visibility`;
+author NULL: written by hand). An index file from before them is re-chunked once."""
 _MESSAGE_COLUMNS = (("role", "TEXT"), ("created_at", "TEXT"), ("name", "TEXT"))
 """Added to `transcripts` for per-message rows (first_seq = last_seq = the message's seq); a row
 with role NULL is a whole range from `add_transcript` (how index files before them archived)."""
@@ -301,6 +310,12 @@ class MemoryIndex:
         for column, kind in _MESSAGE_COLUMNS:
             if column not in have:  # an index file from before per-message archiving
                 conn.execute(f"ALTER TABLE transcripts ADD COLUMN {column} {kind}")
+        have = {str(row[1]) for row in conn.execute("PRAGMA table_info(chunks)")}
+        missing = [(c, k) for c, k in _AUTHOR_COLUMNS if c not in have]
+        for column, kind in missing:  # an index file from before note visibility
+            conn.execute(f"ALTER TABLE chunks ADD COLUMN {column} {kind}")
+        if missing:
+            conn.execute("DELETE FROM files")  # every file re-chunked: its chunks' authors
         conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def use_encoder(self, encoder: Encoder) -> None:
@@ -389,12 +404,12 @@ class MemoryIndex:
                 if old is not None and old[2] == digest:
                     continue  # touched, not changed
                 changed += 1
-                chunks = chunk_markdown(data.decode("utf-8", errors="replace"))
-                added, gone = self._sync_chunks(conn, rel, chunks)
+                text = data.decode("utf-8", errors="replace")
+                added, gone = self._sync_chunks(conn, rel, chunk_markdown(text), text)
                 written += added
                 dropped += gone
             for rel in known.keys() - seen:
-                dropped += self._sync_chunks(conn, rel, [])[1]
+                dropped += self._sync_chunks(conn, rel, [], "")[1]
                 conn.execute("DELETE FROM files WHERE path = ?", (rel,))
                 removed += 1
         return RefreshStats(
@@ -402,28 +417,39 @@ class MemoryIndex:
         )
 
     def _sync_chunks(
-        self, conn: sqlite3.Connection, rel: str, chunks: list[Chunk]
+        self, conn: sqlite3.Connection, rel: str, chunks: list[Chunk], text: str
     ) -> tuple[int, int]:
-        """Make the file's chunks equal `chunks`, touching the FTS index only where text changed.
+        """Make the file's chunks equal `chunks` (of the file's `text`), touching the FTS index
+        only where text changed; each chunk carries the author of the note entry it is part
+        of (a hand edit of a heading changes who may see every chunk of that entry).
 
         An appended entry adds one chunk; a hand edit replaces the edited chunk and merely
         renumbers the lines of the chunks after it. Returns (chunks added, chunks removed).
         """
+        authors = entry_authors(split_lines(text))
+
+        def author_of(chunk: Chunk) -> tuple[str | None, str | None, int]:
+            found = [a for a in authors[chunk.start_line - 1 : chunk.end_line] if a is not None]
+            if not found:
+                return None, None, 0
+            a = found[-1]
+            return a.session_key, a.person, int(a.shared)
+
         reusable: dict[str, list[tuple[int, int, int]]] = {}
         for rowid, start, end, body in conn.execute(
             "SELECT id, start_line, end_line, body FROM chunks WHERE path = ? ORDER BY id", (rel,)
         ):
             reusable.setdefault(str(body), []).append((int(rowid), int(start), int(end)))
         fresh: list[Chunk] = []
-        moved: list[tuple[int, int, int]] = []
+        moved: list[tuple[int, int, str | None, str | None, int, int]] = []
         for chunk in chunks:
             bucket = reusable.get(chunk.text)
             if not bucket:
                 fresh.append(chunk)
                 continue
             rowid, start, end = bucket.pop(0)
-            if (start, end) != (chunk.start_line, chunk.end_line):
-                moved.append((chunk.start_line, chunk.end_line, rowid))
+            # Lines and author rewritten whether or not they moved: cheap, and always right.
+            moved.append((chunk.start_line, chunk.end_line, *author_of(chunk), rowid))
         stale = [(rowid,) for bucket in reusable.values() for rowid, _, _ in bucket]
         conn.executemany(
             "INSERT INTO chunks_fts(chunks_fts, rowid, body, short) "
@@ -432,13 +458,18 @@ class MemoryIndex:
         )
         conn.executemany("DELETE FROM chunks WHERE id = ?", stale)
         forget_vectors(conn, self._vectors, "notes", [rowid for rowid, in stale])
-        conn.executemany("UPDATE chunks SET start_line = ?, end_line = ? WHERE id = ?", moved)
+        conn.executemany(
+            "UPDATE chunks SET start_line = ?, end_line = ?, author = ?, person = ?, shared = ? "
+            "WHERE id = ?",
+            moved,
+        )
         rows: list[tuple[int, str, str]] = []
         for chunk in fresh:
             short = short_tokens(chunk.text)
             cursor = conn.execute(
-                "INSERT INTO chunks(path, start_line, end_line, body, short) VALUES (?, ?, ?, ?, ?)",
-                (rel, chunk.start_line, chunk.end_line, chunk.text, short),
+                "INSERT INTO chunks(path, start_line, end_line, body, short, author, person, "
+                "shared) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (rel, chunk.start_line, chunk.end_line, chunk.text, short, *author_of(chunk)),
             )
             rows.append((int(cursor.lastrowid or 0), chunk.text, short))
         conn.executemany("INSERT INTO chunks_fts(rowid, body, short) VALUES (?, ?, ?)", rows)
@@ -693,7 +724,7 @@ class MemoryIndex:
         )
 
     def _word_hits(self, session_key: str, terms: list[str], limit: int) -> list[HistoryHit]:
-        ranked = self._rank("transcripts", terms, limit, session_key=session_key)
+        ranked = self._rank("transcripts", terms, limit, scope=SearchScope(session_key))
         if not ranked:
             return []
         ids = [item.rowid for item in ranked]
@@ -739,6 +770,7 @@ class MemoryIndex:
         session_key: str | None = None,
         mmr_lambda: float | None = MMR_LAMBDA,
         half_life_days: float | None = None,
+        notes: Visibility | None = None,
     ) -> list[Hit]:
         """The best chunks for `query`.
 
@@ -749,7 +781,8 @@ class MemoryIndex:
         blurs ORD-88123 into ORD-88124). Vector and hybrid pick with MMR (`mmr_lambda`, None:
         off) so near-identical chunks do not fill the top. Without an encoder, or if it fails,
         they fall back to BM25 and each hit's `mode_used` says so. `session_key` confines the
-        transcripts searched to that session's (notes are not per session).
+        transcripts searched to that session's; `notes` confines the notes to what a caller may
+        see (`memory.visibility`; None: every note).
 
         `half_life_days` (None: off) multiplies each score by 0.5 ** (age / half-life), the age
         from a daily note's name (memory/YYYY-MM-DD.md) or an archived message's time;
@@ -771,18 +804,19 @@ class MemoryIndex:
         if not self.search_transcripts:
             tables = [table for table in tables if table != "transcripts"]
         query_vector = None if mode == "bm25" else self._query_vector(query)
+        scope = SearchScope(session_key, notes)
         with self._lock:
             if query_vector is not None:
                 return self._search_by_meaning(
-                    tables, terms, query_vector, limit, mode, session_key, mmr_lambda,
+                    tables, terms, query_vector, limit, mode, scope, mmr_lambda,
                     half_life_days,
                 )
             if half_life_days is None:
-                ranked = self._bm25(tables, terms, limit, session_key)
+                ranked = self._bm25(tables, terms, limit, scope)
                 return self._hits(
                     ranked[:limit], terms, [(i + 1, None, None) for i in range(limit)]
                 )
-            ranked = self._bm25(tables, terms, limit * CANDIDATES_PER_RESULT, session_key)
+            ranked = self._bm25(tables, terms, limit * CANDIDATES_PER_RESULT, scope)
             factors = decay_factors(
                 self._conn, [(table, item.rowid) for table, item in ranked], half_life_days
             )
@@ -800,14 +834,12 @@ class MemoryIndex:
         tables: Sequence[Literal["notes", "transcripts"]],
         terms: list[str],
         limit: int,
-        session_key: str | None,
+        scope: SearchScope,
     ) -> list[tuple[Literal["notes", "transcripts"], _Ranked]]:
         ranked = [
             (table, item)
             for table in tables
-            for item in self._rank(
-                table, terms, limit, session_key=session_key if table == "transcripts" else None
-            )
+            for item in self._rank(table, terms, limit, scope=scope)
         ]
         ranked.sort(key=lambda pair: (pair[1].tier, -pair[1].score))
         return ranked
@@ -836,7 +868,7 @@ class MemoryIndex:
         query_vector: NDArray[np.float32],
         limit: int,
         mode: SearchMode,
-        session_key: str | None,
+        scope: SearchScope,
         mmr_lambda: float | None,
         half_life_days: float | None = None,
     ) -> list[Hit]:
@@ -847,11 +879,11 @@ class MemoryIndex:
         bm25 = []
         if mode == "hybrid":  # on the terms that carry information (see informative_terms)
             searched = informative_terms(self._vectors, conn, tables, terms, expressions)
-            bm25 = self._bm25(tables, searched, pool, session_key)[:pool]
+            bm25 = self._bm25(tables, searched, pool, scope)[:pool]
         with one_blas_thread():
             picked = fuse(
                 self._vectors, conn, [(t, item.rowid, item.tier) for t, item in bm25],
-                tables, query_vector, terms, limit, pool, mode == "hybrid", session_key,
+                tables, query_vector, terms, limit, pool, mode == "hybrid", scope,
                 mmr_lambda, expressions=expressions,
                 decay=None if half_life_days is None
                 else lambda keys: decay_factors(conn, keys, half_life_days),
@@ -864,38 +896,39 @@ class MemoryIndex:
         )
 
     def _rank(
-        self, table: str, terms: list[str], limit: int, *, session_key: str | None = None
+        self, table: str, terms: list[str], limit: int, *, scope: SearchScope = SearchScope()
     ) -> list[_Ranked]:
-        """All-term matches by BM25, then (if too few) any-term matches by BM25.
-
-        With `session_key` (transcripts only), only that session's rows are ranked."""
+        """All-term matches by BM25, then (if too few) any-term matches by BM25, among the
+        rows `scope` allows."""
         parts = [fts_term(term) for term in terms]
         if None in parts:
-            return self._rank_scan(table, terms, limit, session_key=session_key)
+            return self._rank_scan(table, terms, limit, scope=scope)
         fts = "chunks_fts" if table == "notes" else "transcripts_fts"
+        source = "chunks" if table == "notes" else "transcripts"
+        where = scope.where(source)
         # bm25() in ORDER BY is markedly faster than FTS5's `rank` column here.
-        if session_key is None:
+        if where is None:
             sql = (
                 f"SELECT rowid, bm25({fts}) AS score FROM {fts} WHERE {fts} MATCH ? "
                 "ORDER BY score LIMIT ?"
             )
-            scope: tuple[str, ...] = ()
+            confined: tuple[str, ...] = ()
         else:
             sql = (
                 f"SELECT {fts}.rowid, bm25({fts}) AS score FROM {fts} "
-                f"JOIN transcripts ON transcripts.id = {fts}.rowid "
-                f"WHERE {fts} MATCH ? AND transcripts.session_key = ? ORDER BY score LIMIT ?"
+                f"JOIN {source} ON {source}.id = {fts}.rowid "
+                f"WHERE {fts} MATCH ? AND {where[0]} ORDER BY score LIMIT ?"
             )
-            scope = (session_key,)
+            confined = tuple(where[1])
         exprs = [part for part in parts if part is not None]
         out = [
             _Ranked(0, -float(score), int(rowid))
-            for rowid, score in self._conn.execute(sql, (" AND ".join(exprs), *scope, limit))
+            for rowid, score in self._conn.execute(sql, (" AND ".join(exprs), *confined, limit))
         ]
         if len(out) < limit and len(exprs) > 1:
             have = {item.rowid for item in out}
             for rowid, score in self._conn.execute(
-                sql, (" OR ".join(exprs), *scope, limit + len(out))
+                sql, (" OR ".join(exprs), *confined, limit + len(out))
             ):
                 if int(rowid) not in have and len(out) < limit:
                     out.append(_Ranked(1, -float(score), int(rowid)))
@@ -912,7 +945,7 @@ class MemoryIndex:
         return self._corpus_stats[table]
 
     def _rank_scan(
-        self, table: str, terms: list[str], limit: int, *, session_key: str | None = None
+        self, table: str, terms: list[str], limit: int, *, scope: SearchScope = SearchScope()
     ) -> list[_Ranked]:
         """FTS5's BM25 formula by hand over a substring scan, for terms no index can answer.
 
@@ -924,11 +957,12 @@ class MemoryIndex:
             f"(length(low) - length(replace(low, ?, ''))) / {len(term)}" for term in folded
         )
         where = " OR ".join("instr(low, ?) > 0" for _ in folded)
-        scope = "" if session_key is None else " WHERE session_key = ?"
+        confined = scope.where(name)
+        inner = "" if confined is None else f" WHERE {confined[0]}"
         rows = self._conn.execute(
             f"SELECT id, length(low), {counts} FROM "
-            f"(SELECT id, lower(body) AS low FROM {name}{scope}) WHERE {where}",
-            (*folded, *(() if session_key is None else (session_key,)), *folded),
+            f"(SELECT id, lower(body) AS low FROM {name}{inner}) WHERE {where}",
+            (*folded, *(() if confined is None else confined[1]), *folded),
         ).fetchall()
         if not rows:
             return []

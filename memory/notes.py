@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from memory.visibility import ATTRIBUTION, Visibility, attribution_parts, visible_lines
 from memory.workspace import (
     NOTES_DIR,
     exclusive,
@@ -29,8 +30,8 @@ MAX_ENTRY_CHARS = 8_000
 MAX_READ_LINES = 400
 """Lines per `read_lines` call, so one read cannot flood the prompt."""
 
-ATTRIBUTION = re.compile(r"^\s{0,3}##\s+\d{2}:\d{2}:\d{2}\s+·")
-"""An entry heading: `## 14:03:12 · <session key>`."""
+_TOP_HEADING = re.compile(r"^\s{0,3}#\s")
+"""A level-1 heading: it would end an entry (`memory.visibility.entry_authors`)."""
 
 class NoteError(ValueError):
     """A note or read request that cannot be honoured; the message is meant for the model."""
@@ -112,9 +113,11 @@ def _one_line(value: str) -> str:
 
 
 def _escape_headings(text: str) -> str:
-    """Stop an entry's text from forging another entry's attribution heading."""
+    """Stop an entry's text from forging another entry's attribution heading, or ending the
+    entry early with a level-1 heading (what follows would read as written by hand)."""
     return "\n".join(
-        "\\" + line.lstrip() if ATTRIBUTION.match(line) else line for line in split_lines(text)
+        "\\" + line.lstrip() if ATTRIBUTION.match(line) or _TOP_HEADING.match(line) else line
+        for line in split_lines(text)
     )
 
 
@@ -126,11 +129,15 @@ def append_note(
     tz: str,
     now: datetime | None = None,
     source: str = "agent",
+    person: str | None = None,
+    shared: bool = False,
 ) -> NoteEntry:
     """Append one attributed entry to today's note, creating the file with a date header.
 
-    `source` other than "agent" (e.g. "flush", "user") is added to the heading so a reader can
-    tell an automatic pre-compaction flush from a deliberate write.
+    The heading names the conversation (`session_key`), the person it is for (`person`, in a
+    direct conversation) and `shared` (an owner's note for everyone): who may see it
+    (`memory.visibility`). `source` other than "agent" (e.g. "flush", "user") is added so a
+    reader can tell an automatic pre-compaction flush from a deliberate write.
     """
     body = _escape_headings(_clean(text).strip())
     if not body:
@@ -142,9 +149,11 @@ def append_note(
         )
     local = _local_now(tz, now)
     key = _one_line(session_key) or "unknown-session"
-    heading = f"## {local:%H:%M:%S} · {key}"
+    parts = [f"## {local:%H:%M:%S}", key]
+    parts += [_one_line(p) for p in attribution_parts(person, shared)]
     if source and source != "agent":
-        heading += f" · {_one_line(source)}"
+        parts.append(_one_line(source))
+    heading = " · ".join(parts)
     relative = f"{NOTES_DIR}/{local:%Y-%m-%d}.md"
     target = resolve_in_workspace(root, relative, write=True)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -173,8 +182,13 @@ def append_note(
     )
 
 
-def read_lines(root: Path, relative: str, start: int = 1, count: int | None = None) -> LinesResult:
-    """Lines `start`..`start+count-1` (1-based) of a workspace file, at most MAX_READ_LINES."""
+def read_lines(
+    root: Path, relative: str, start: int = 1, count: int | None = None,
+    visibility: Visibility | None = None,
+) -> LinesResult:
+    """Lines `start`..`start+count-1` (1-based) of a workspace file, at most MAX_READ_LINES;
+    entries `visibility` does not allow are blanked, their heading replaced by a line that says
+    so (None: all shown)."""
     if start < 1:
         raise NoteError(f"start must be 1 or more (lines are numbered from 1), got {start}")
     if count is not None and count < 1:
@@ -186,6 +200,7 @@ def read_lines(root: Path, relative: str, start: int = 1, count: int | None = No
     if not path.is_file():
         raise NoteError(f"{shown} is a folder, not a file")
     lines = split_lines(path.read_bytes().decode("utf-8", errors="replace"))
+    lines = visible_lines(lines, visibility)
     total = len(lines)
     if total == 0 and start == 1:
         return LinesResult(shown, 1, 0, 0, [], False, f"{shown} is empty")

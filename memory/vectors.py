@@ -34,6 +34,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from memory.embeddings import Encoder, Vectors, cosine_top_k
+from memory.visibility import SearchScope
 
 Table = Literal["notes", "transcripts"]
 _log = logging.getLogger(__name__)
@@ -363,18 +364,18 @@ class VectorIndex:
         table: Table,
         query: Vectors,
         k: int,
-        session_key: str | None = None,
+        scope: SearchScope | None = None,
     ) -> list[tuple[int, float]]:
-        """(row id, cosine) of the k nearest rows, best first; `session_key` (transcripts)
-        confines them to that session's rows."""
+        """(row id, cosine) of the k nearest rows, best first, among those `scope` allows
+        (a session's archived messages, the notes a caller may see)."""
         loaded = self.matrix(conn, table)
         ids, vectors = loaded.ids, loaded.vectors
-        if table == "transcripts" and session_key is not None:
+        source = SOURCE_TABLE[table]
+        where = scope.where(source) if scope is not None else None
+        if where is not None:
             only = [
                 row[0]
-                for row in conn.execute(
-                    "SELECT id FROM transcripts WHERE session_key = ?", (session_key,)
-                )
+                for row in conn.execute(f"SELECT id FROM {source} WHERE {where[0]}", where[1])
             ]
             mask = np.isin(ids, np.asarray(only, dtype=np.int64))
             ids, vectors = ids[mask], vectors[mask]

@@ -11,6 +11,7 @@ reach outside this folder (no `..`, no absolute paths, no symlink escapes), and 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -37,6 +38,23 @@ TEXT_SUFFIXES: tuple[str, ...] = (".md", ".txt")
 
 _WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:")
 _SEPARATORS = re.compile(r"[\\/]+")
+
+
+INBOX_DIR = "inbox"
+"""Files people sent, one folder per conversation (`conversation_folder`), then by day."""
+ARTIFACTS_DIR = "artifacts"
+"""Whole tool outputs too large for a prompt, one folder per conversation."""
+
+
+def conversation_folder(session_key: str) -> str:
+    """The folder of one conversation's files under inbox/ and artifacts/: readable (the key
+    without its agent prefix) and unique per session key (a hash of the key ends it), so a
+    file is found again only by the conversation it belongs to."""
+    parts = session_key.split(":")
+    readable = "-".join(parts[2:] if len(parts) > 2 and parts[0] == "agent" else parts)
+    slug = re.sub(r"[^A-Za-z0-9_+-]+", "_", readable).strip("_-")[:48] or "session"
+    digest = hashlib.sha256(session_key.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+    return f"{slug}-{digest}"
 
 
 class WorkspacePathError(ValueError):

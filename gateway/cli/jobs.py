@@ -55,16 +55,19 @@ def jobs_list(as_json: JsonFlag = False) -> None:
 
 
 def _print_jobs(jobs: list[JobInfo]) -> None:
-    table = Table("kind", "schedule", "next run", "session / target", "what")
+    table = Table("kind", "schedule", "next run", "session / target", "created by", "what")
     table.add_column("id", no_wrap=True)
     for j in jobs:
         where = j.session_key or ""
         if j.target is not None and j.kind == "cron":
             where += f" → {j.target.describe()}"
+        who = "" if j.kind == "maintenance" else (j.created_by or "(a group / unknown)")
+        if j.by_owner:
+            who += " (owner)"
         table.add_row(
             j.kind, escape(j.schedule),
             j.next_run.isoformat(timespec="minutes") if j.next_run else "-",
-            escape(where), escape((j.text or j.name)[:80]), j.id,
+            escape(where), escape(who), escape((j.text or j.name)[:80]), j.id,
         )
     console.print(table)
 

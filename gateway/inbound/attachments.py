@@ -60,13 +60,25 @@ from gateway.config import Config
 from gateway.inbound.lanes import finish_or_cancel
 from gateway.store import MessageRow, Store
 from gateway.store.messages import CONTEXT_STATUS, FETCHING_STATUS
-from memory.workspace import WorkspacePathError, resolve_in_workspace
+from memory.workspace import (
+    INBOX_DIR,
+    WorkspacePathError,
+    conversation_folder,
+    resolve_in_workspace,
+)
 
-__all__ = ["INBOX_DIR", "PENDING_PART", "AttachmentIntake", "Outcome", "inbox_name"]
+__all__ = [
+    "INBOX_DIR",
+    "PENDING_PART",
+    "AttachmentIntake",
+    "Outcome",
+    "inbox_bytes",
+    "inbox_name",
+    "prune_inbox",
+]
 
 log = logging.getLogger(__name__)
 
-INBOX_DIR = "inbox"
 PENDING_PART = "gatehouse.attachments"
 """The content part of a fetching message that holds its text and its attachment dicts."""
 _NAME_CHARS = 80
@@ -268,6 +280,36 @@ def _claimed_type(info: AttachmentInfo, filetype: FileType) -> str | None:
     if info.kind == "photo" and filetype.kind != "image":
         return "a photo"
     return None
+
+
+def inbox_bytes(workspace: Path) -> int:
+    """The bytes every file under inbox/ holds (for the quota; files that vanish meanwhile are
+    not counted)."""
+    total = 0
+    for path in (workspace / INBOX_DIR).rglob("*"):
+        with contextlib.suppress(OSError):
+            if path.is_file() and not path.is_symlink():
+                total += path.stat().st_size
+    return total
+
+
+def prune_inbox(workspace: Path, older_than: datetime) -> tuple[int, int]:
+    """Delete inbox files last modified before `older_than`, and the folders they leave
+    empty; (files, bytes) deleted. The messages that named them keep their text."""
+    files = freed = 0
+    root = workspace / INBOX_DIR
+    cutoff = older_than.timestamp()
+    for path in sorted(root.rglob("*"), reverse=True):  # files before their folders
+        with contextlib.suppress(OSError):
+            if path.is_symlink() or path.is_file():
+                info = path.lstat()
+                if info.st_mtime < cutoff:
+                    path.unlink()
+                    files += 1
+                    freed += info.st_size
+            elif path.is_dir() and not any(path.iterdir()):
+                path.rmdir()
+    return files, freed
 
 
 def _save(workspace: Path, relative: str, data: bytes) -> None:
@@ -527,8 +569,19 @@ class AttachmentIntake:
         fallback = kind.replace(" ", "-")
         name = inbox_name(w.platform, w.sender_id, key, info.name, filetype, fallback)
         day = datetime.fromtimestamp(w.received, ZoneInfo(self.config.gateway.timezone))
-        relative = f"{INBOX_DIR}/{day.date().isoformat()}/{name}"
+        # The conversation's own folder: readable from that conversation only (and by owners).
+        folder = conversation_folder(w.session_key)
+        relative = f"{INBOX_DIR}/{folder}/{day.date().isoformat()}/{name}"
+        quota = self.config.attachments.max_total_mb * 1024 * 1024
         try:
+            used = await asyncio.to_thread(inbox_bytes, self.config.workspace)
+            if used + len(data) > quota:
+                log.warning(
+                    "attachments: %s not saved: the inbox holds %s of its %s quota "
+                    "([attachments] max_total_mb)", what, _size(used), _size(quota),
+                )
+                return Outcome(label, kind, size=len(data),
+                               problem="the inbox is full (its quota is reached)")
             await asyncio.to_thread(_save, self.config.workspace, relative, data)
         except (OSError, WorkspacePathError) as exc:
             log.warning("attachments: %s could not be saved to %s: %s", what, relative, exc)

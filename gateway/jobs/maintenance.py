@@ -7,6 +7,8 @@
   context. Nothing is deleted (see `Runner.reset_session`).
 * memory index refresh: notes edited by hand are searchable without waiting for a search.
 * pairing expiry: pending codes past their hour are marked expired.
+* inbox retention: files people sent older than `[attachments] retention_days` are deleted
+  (hourly; their messages keep saying what was sent).
 
 Every session operation holds the session's lane, so it never races a turn. The sweeps work
 through a `gateway.jobs.host.MaintenanceHost` (the Gateway), never the runner itself.
@@ -14,13 +16,15 @@ through a `gateway.jobs.host.MaintenanceHost` (the Gateway), never the runner it
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from gateway.config import Config
+from gateway.inbound.attachments import prune_inbox
 from gateway.jobs.host import MaintenanceHost
 from gateway.jobs.scheduler import CRON_SESSION_PREFIX, MaintenanceJob
 from gateway.store import PairingRow, SessionRow
@@ -33,6 +37,8 @@ IDLE_COMPACTION = "maintenance:idle-compaction"
 DAILY_RESET = "maintenance:daily-reset"
 MEMORY_REFRESH = "maintenance:memory-refresh"
 PAIRING_EXPIRY = "maintenance:pairing-expiry"
+INBOX_RETENTION = "maintenance:inbox-retention"
+INBOX_RETENTION_MINUTES = 60
 
 
 def idle_sweep_minutes(idle_minutes: int) -> int:
@@ -63,10 +69,13 @@ def maintenance_schedule(config: Config) -> list[MaintenanceJob]:
                 CronTrigger(hour=hour, minute=minute, timezone=tz),
             )
         )
-    every = (
+    days = config.attachments.retention_days
+    every = [
         (MEMORY_REFRESH, "refresh the memory search index", s.memory_refresh_minutes),
         (PAIRING_EXPIRY, "expire pending pairing codes", s.pairing_expiry_minutes),
-    )
+        (INBOX_RETENTION, f"delete inbox files older than {days} days",
+         INBOX_RETENTION_MINUTES if days > 0 else 0),
+    ]
     for name, description, minutes in every:
         if minutes > 0:
             trigger = IntervalTrigger(minutes=minutes, timezone=tz)
@@ -88,6 +97,7 @@ class Maintenance:
             DAILY_RESET: self.reset_sessions,
             MEMORY_REFRESH: self.refresh_memory_index,
             PAIRING_EXPIRY: self.expire_pairings,
+            INBOX_RETENTION: self.prune_inbox,
         }
         return [
             MaintenanceJob(j.id, j.description, j.trigger, run[j.id])
@@ -159,3 +169,13 @@ class Maintenance:
         for row in expired:
             log.info("pairing code for %s user %s expired", row.platform, row.sender_id)
         return expired
+
+    async def prune_inbox(self) -> tuple[int, int]:
+        """Delete inbox files past `[attachments] retention_days`: (files, bytes)."""
+        config = self.host.config
+        cutoff = datetime.now(UTC) - timedelta(days=config.attachments.retention_days)
+        files, freed = await asyncio.to_thread(prune_inbox, config.workspace, cutoff)
+        if files:
+            log.info("inbox retention: %d files (%d bytes) older than %d days deleted",
+                     files, freed, config.attachments.retention_days)
+        return files, freed

@@ -169,6 +169,13 @@ class JobSpec:
     due: str | None = None
     schedule: str | None = None
     timezone: str | None = None
+    created_by: str | None = None
+    """The person who asked for it (`SessionKeyer.person`; None in a group or from an older
+    gatehouse): its quota, `jobs list`, and whose rights a scheduled task's turn has."""
+    by_owner: bool = False
+    """Created by one of `[gateway] owners`."""
+    platform: str | None = None
+    """The platform it was created from (the per-platform quota)."""
 
     def to_kwargs(self) -> dict[str, Any]:
         return {"spec": asdict(self)}
@@ -192,6 +199,9 @@ class JobInfo:
     session_key: str | None = None
     target: ChatTarget | None = None
     text: str | None = None
+    created_by: str | None = None
+    by_owner: bool = False
+    platform: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -203,6 +213,9 @@ class JobInfo:
             "session": self.session_key,
             "target": asdict(self.target) if self.target else None,
             "text": self.text,
+            "created_by": self.created_by,
+            "by_owner": self.by_owner,
+            "platform": self.platform,
         }
 
 
@@ -218,6 +231,9 @@ def job_info(job: Job) -> JobInfo:
         session_key=spec.session_key,
         target=spec.target,
         text=spec.text,
+        created_by=spec.created_by,
+        by_owner=spec.by_owner,
+        platform=spec.platform,
     )
 
 
@@ -499,6 +515,13 @@ class Scheduler:
             jobs = aps.get_jobs(jobstore=USER_STORE)
         infos = [job_info(j) for j in jobs]
         return [i for i in infos if session_key is None or i.session_key == session_key]
+
+    async def job(self, job_id: str) -> JobInfo | None:
+        """One stored reminder or cron job, by id."""
+        aps = self._require()
+        async with self._locked():
+            job = aps.get_job(job_id, jobstore=USER_STORE)
+        return None if job is None else job_info(job)
 
     async def cancel(self, job_id: str, session_key: str | None = None) -> JobInfo | None:
         """Remove a stored job (only one of `session_key`'s, when given); None if none."""

@@ -22,10 +22,17 @@ from context.types import Message
 from gateway.model.llm import LLMError, LLMProvider
 from gateway.store import SessionRow, Store
 from gateway.tools.registry import Tool, ToolContext, ToolError, ToolRegistry
+from gateway.tools.scope import Caller, Scopes, guest
 from memory.dedupe import Duplicate, find_duplicate
 from memory.index import Corpus, Hit, MemoryIndex, SearchMode
-from memory.notes import MAX_ENTRY_CHARS, NoteEntry, append_note, read_lines
-from memory.workspace import WorkspacePathError
+from memory.notes import MAX_ENTRY_CHARS, LinesResult, NoteEntry, append_note, read_lines
+from memory.visibility import Visibility, visible_lines
+from memory.workspace import (
+    WorkspacePathError,
+    relative_name,
+    resolve_in_workspace,
+    split_lines,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +76,15 @@ class MemoryTools:
             Tool(
                 "memory_write",
                 "Append a durable note (decision, preference, identifier, open task) to today's "
-                "memory file memory/YYYY-MM-DD.md. Append-only; attributed to this session.",
+                "memory file memory/YYYY-MM-DD.md. Append-only; attributed to this conversation "
+                "and its person, who alone find it again (an owner may set shared: true for a "
+                "note everyone may see).",
                 {
                     "type": "object",
-                    "properties": {"text": {"type": "string", "minLength": 1}},
+                    "properties": {
+                        "text": {"type": "string", "minLength": 1},
+                        "shared": {"type": "boolean"},
+                    },
                     "required": ["text"],
                     "additionalProperties": False,
                 },
@@ -116,14 +128,24 @@ class MemoryTools:
         ]
 
     async def _write(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        caller = ctx.who
+        shared = bool(args.get("shared", False))
+        if shared and not caller.owner:
+            raise ToolError(
+                "only the gateway's owners can share a note with everyone; write it without "
+                "shared (it stays this conversation's)"
+            )
         text, secrets = redact_secrets(str(args["text"]))
 
         def write() -> Duplicate | NoteEntry:
             self.index.refresh()  # a hand edit since the last search counts as said
-            earlier = find_duplicate(self.index, self.workspace, text)
+            earlier = find_duplicate(self.index, self.workspace, text, caller.notes)
             if earlier is not None:
                 return earlier
-            return append_note(self.workspace, text, session_key=ctx.session_key, tz=self.timezone)
+            return append_note(
+                self.workspace, text, session_key=ctx.session_key, tz=self.timezone,
+                person=caller.person, shared=shared,
+            )
 
         try:
             entry = await asyncio.to_thread(write)
@@ -150,9 +172,11 @@ class MemoryTools:
                 corpus=CORPORA[corpus],
                 # No encoder (yet, or at all): BM25, without the index's fallback warning.
                 mode=self.search_mode if self.index.encoder is not None else "bm25",
-                # Archived messages of this conversation only: never another session's.
+                # Archived messages of this conversation only: never another session's; and
+                # the notes this caller may see (gateway/tools/scope.py).
                 session_key=ctx.session_key,
                 half_life_days=self.half_life_days,
+                notes=ctx.who.notes,
             )
 
         hits = await asyncio.to_thread(run)
@@ -162,15 +186,24 @@ class MemoryTools:
         mode_used = hits[0].mode_used
         return text if mode_used == "bm25" else f"{text}\n\n(ranked by {mode_used} search)"
 
-    async def _get(self, args: dict[str, Any], _ctx: ToolContext) -> str:
-        try:
-            result = await asyncio.to_thread(
-                read_lines,
-                self.workspace,
-                str(args["path"]),
-                int(args.get("start", 1)),
-                args.get("count"),
+    async def _get(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        caller = ctx.who
+
+        def read() -> LinesResult:
+            # The canonical name (no `..`, no symlink, no case trick) is what is checked.
+            shown = relative_name(
+                self.workspace, resolve_in_workspace(self.workspace, str(args["path"]))
             )
+            refused = caller.refuses(shown)
+            if refused is not None:
+                raise WorkspacePathError(refused)
+            return read_lines(
+                self.workspace, shown, int(args.get("start", 1)), args.get("count"),
+                caller.notes,
+            )
+
+        try:
+            result = await asyncio.to_thread(read)
         except (WorkspacePathError, ValueError, OSError) as exc:
             raise ToolError(str(exc)) from None
         return result.render()
@@ -202,7 +235,9 @@ def extracted_note(messages: Sequence[Message], earlier: str) -> str | None:
     """
     said = redact_messages([m for m in messages if m.role != "system"])
     latest = next((m.text for m in reversed(said) if m.role == "user" and m.text), None)
-    found = salient_sentences(said, latest)
+    # What the people said or decided: the assistant's restatements ("Agreed, we will…") are
+    # no decisions of theirs, so only their messages are quoted.
+    found = salient_sentences([m for m in said if m.role == "user"], latest)
     ranked = rank_identifiers(said)
 
     def new(items: Sequence[str]) -> list[str]:
@@ -244,6 +279,9 @@ class MemoryFlush:
     """Told whether each flush succeeded (the gateway's metrics)."""
     on_notes: Callable[[str, int], None] | None = None
     """Told how many notes each source wrote: ("model" | "extracted", count)."""
+    scopes: Scopes | None = None
+    """Whose notes the flush turn may search and write (gateway/tools/scope.py); None: a
+    guest of the session."""
 
     @staticmethod
     def due(session: SessionRow) -> bool:
@@ -253,7 +291,11 @@ class MemoryFlush:
     async def run(self, session: SessionRow, prompt: Sequence[Message]) -> bool:
         """Run the flush; True when it completed (and the cycle is marked flushed)."""
         assert session.id is not None
-        ctx = ToolContext(session_key=session.key, timezone=self.timezone)
+        caller = await self._caller(session)
+        ctx = ToolContext(
+            session_key=session.key, timezone=self.timezone, platform=session.platform,
+            chat_id=session.chat_id, chat_type=session.chat_type, caller=caller,
+        )
         # Secrets never reach the flush turn (nor, through it, the notes): redacted as in
         # summaries; the stored messages keep them.
         messages = [*redact_messages(prompt), Message(role="user", content=FLUSH_PROMPT)]
@@ -277,14 +319,14 @@ class MemoryFlush:
                         )
                     )
         except (TimeoutError, LLMError) as exc:
-            extracted = 0 if writes else await self._extract(session, prompt)
+            extracted = 0 if writes else await self._extract(session, prompt, caller)
             log.warning(
                 "memory flush failed for %s (cycle not marked): %s; model wrote %d / extracted "
                 "%d", session.key, exc, writes, extracted,
             )
             await self._record(session, False, writes + extracted, writes, extracted)
             return False
-        extracted = 0 if writes else await self._extract(session, prompt)
+        extracted = 0 if writes else await self._extract(session, prompt, caller)
         await self._record(session, True, writes + extracted, writes, extracted)
         log.info(
             "memory flush for %s (cycle %d): model wrote %d / extracted %d",
@@ -292,19 +334,28 @@ class MemoryFlush:
         )
         return True
 
-    async def _extract(self, session: SessionRow, prompt: Sequence[Message]) -> int:
+    async def _caller(self, session: SessionRow) -> Caller:
+        """The session's person (its latest sender) as `Scopes` sees them."""
+        if self.scopes is None:
+            return guest(session.key)
+        assert session.id is not None
+        sender = (await self.store.latest_senders(session.id)).get(session.id)
+        return await self.scopes.caller(session.key, session.platform, session.chat_type, sender)
+
+    async def _extract(self, session: SessionRow, prompt: Sequence[Message], caller: Caller) -> int:
         """Write the extracted note (1) unless there is nothing new (0); never raises."""
         workspace = self.workspace
         if workspace is None:
             return 0
 
         def write() -> int:
-            earlier = _recent_notes(workspace)
+            earlier = _recent_notes(workspace, caller.notes)
             note = extracted_note(prompt, earlier)
             if note is None:
                 return 0
             append_note(
-                workspace, note, session_key=session.key, tz=self.timezone, source=AUTO_SOURCE
+                workspace, note, session_key=session.key, tz=self.timezone, source=AUTO_SOURCE,
+                person=caller.person,
             )
             return 1
 
@@ -327,8 +378,9 @@ class MemoryFlush:
             self.on_notes("extracted", extracted)
 
 
-def _recent_notes(workspace: Path) -> str:
-    """The last week's note files, for deduplication (missing or unreadable ones are skipped)."""
+def _recent_notes(workspace: Path, visibility: Visibility | None) -> str:
+    """What the last week's note files show this caller, for deduplication (an entry another
+    conversation holds does not make this one's note redundant; unreadable files skipped)."""
     folder = workspace / "memory"
     try:
         files = sorted(folder.glob("*.md"))[-RECENT_NOTE_FILES:]
@@ -337,7 +389,8 @@ def _recent_notes(workspace: Path) -> str:
     parts = []
     for f in files:
         try:
-            parts.append(f.read_text(encoding="utf-8", errors="replace"))
+            text = f.read_text(encoding="utf-8", errors="replace")
         except OSError:
             continue
+        parts.append("\n".join(visible_lines(split_lines(text), visibility)))
     return "\n".join(parts)

@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo
 import jsonschema
 
 from channels.base import storable
+from gateway.tools.scope import Caller, guest
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,12 @@ class ToolContext:
     thread_id: str | None = None
     chat_type: str = ""
     account: str = "default"
+    caller: Caller | None = None
+    """Who the call is made for (`gateway.tools.scope`); None: a guest of the session."""
+
+    @property
+    def who(self) -> Caller:
+        return self.caller if self.caller is not None else guest(self.session_key)
 
 
 ToolHandler = Callable[[dict[str, Any], ToolContext], Awaitable[str]]

@@ -51,7 +51,8 @@ def _job_spec(
     schedule: str | None = None,
     in_origin_chat: bool = True,
 ) -> JobSpec:
-    """A job this conversation creates `now`, its times read in `tz`."""
+    """A job this conversation creates `now`, its times read in `tz`, recorded with who asked."""
+    caller = ctx.who
     return JobSpec(
         kind=kind,
         job_id=new_job_id(),
@@ -63,6 +64,9 @@ def _job_spec(
         due=None if due is None else due.isoformat(timespec="seconds"),
         schedule=schedule,
         timezone=tz.key,
+        created_by=caller.person,
+        by_owner=caller.owner,
+        platform=ctx.platform or None,
     )
 
 
@@ -220,7 +224,7 @@ class ScheduleTools:
                 "cron_create",
                 "Schedule a recurring task: at each time of a cron expression, the prompt runs "
                 "as an agent turn in a fresh, separate conversation and the answer is posted "
-                "to this chat, or to 'target'.",
+                "to this chat (or, for the gateway's owners only, to 'target').",
                 {
                     "type": "object",
                     "properties": {
@@ -281,13 +285,26 @@ class ScheduleTools:
         )
 
     async def _check_quota(self, ctx: ToolContext) -> None:
-        mine = await self.scheduler.jobs(ctx.session_key)
-        limit = self.config.scheduler.max_jobs_per_session
-        if len(mine) >= limit:
-            raise ScheduleError(
-                f"this conversation already has {len(mine)} scheduled jobs (the limit is "
-                f"{limit}); cancel one with job_cancel first"
-            )
+        """The quotas: per conversation, per person (a new conversation — every new webchat
+        id is one — starts no fresh quota) and per platform."""
+        every = await self.scheduler.jobs()
+        settings = self.config.scheduler
+        person = ctx.who.person
+        counts = (
+            ("this conversation", [j for j in every if j.session_key == ctx.session_key],
+             settings.max_jobs_per_session),
+            ("you", [j for j in every if person is not None and j.created_by == person],
+             settings.max_jobs_per_person),
+            (f"{ctx.platform or 'this platform'}",
+             [j for j in every if ctx.platform and j.platform == ctx.platform],
+             settings.max_jobs_per_platform),
+        )
+        for who, jobs, limit in counts:
+            if len(jobs) >= limit:
+                raise ScheduleError(
+                    f"{who} already {'have' if who == 'you' else 'has'} {len(jobs)} scheduled "
+                    f"jobs (the limit is {limit}); cancel one with job_cancel first"
+                )
 
     async def _reminder(self, args: dict[str, Any], ctx: ToolContext) -> str:
         try:
@@ -333,6 +350,12 @@ class ScheduleTools:
             origin.platform, origin.chat_id, origin.thread_id
         ):
             return origin, True
+        if not ctx.who.owner:
+            # Anyone could otherwise make the bot post anything anywhere, forever.
+            raise ScheduleError(
+                "results can only be posted to this conversation: leave out 'target' (only "
+                "the gateway's owners may schedule posts to another chat)"
+            )
         return ChatTarget(platform, chat_id, thread_id, chat_type="group"), False
 
     async def _cron(self, args: dict[str, Any], ctx: ToolContext) -> str:

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from context.engine import ContextEngine, ContextSettings
+from memory.workspace import ARTIFACTS_DIR, conversation_folder
 
 log = logging.getLogger(__name__)
 
@@ -23,14 +24,16 @@ async def cap_tool_output(
     text: str,
     tool: str,
     call_id: str,
+    session_key: str,
 ) -> str:
-    """Cap a tool result before it is stored or sent; the full output goes to artifacts/."""
+    """Cap a tool result before it is stored or sent; the full output goes to the
+    conversation's folder under artifacts/ (readable from that conversation only)."""
     limit = engine.tool_result_limit(settings)
     if len(text) <= limit:
         return text
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in f"{tool}-{call_id}")[:80]
-    relative = f"artifacts/{stamp}-{safe}.txt"
+    relative = f"{ARTIFACTS_DIR}/{conversation_folder(session_key)}/{stamp}-{safe}.txt"
     target = workspace / relative
     try:
         await asyncio.to_thread(_write_text, target, text)

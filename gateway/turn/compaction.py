@@ -108,15 +108,18 @@ class Compactor:
         settings = self.prompts.settings_for(session, None)
         view = await self.histories.view(session.id)
         turn = self.prompts.turn_context(session_key, view, LATEST, settings)
-        await self.flush_if_due(session_key, self.engine.assemble(turn))
-        return await self.compact(session_key, turn, instructions, reason=reason)
+        return await self.compact(
+            session_key, turn, instructions, reason=reason, flush=self.engine.assemble(turn)
+        )
 
     async def compact(
         self, session_key: str, turn: TurnContext, instructions: str, *, reason: str,
-        summarize: SummaryCall | None = None,
+        summarize: SummaryCall | None = None, flush: ContextPlan | None = None,
     ) -> CompactionResult | None:
         """Compact `turn`'s history and store the summary; a failure starts a cool-down.
-        `summarize`: instead of the configured summarizer (the extractive-only one)."""
+        `summarize`: instead of the configured summarizer (the extractive-only one). `flush`:
+        the prompt the memory flush sees, run (when due) once the summary is ready and before
+        it is stored — never for a compaction that is refused or finds nothing to do."""
         session = await self.store.get_session(session_key)
         assert session is not None and session.id is not None
         started = time.perf_counter()
@@ -146,6 +149,8 @@ class Compactor:
                         "; ".join(result.notes))
             await self.store.set_compaction_state(session.id, cooldown_until=self._cooldown())
             return result
+        if flush is not None:
+            await self.flush_if_due(session_key, flush)
         threshold = None
         if turn.settings is not None:
             threshold = self.engine.compaction_threshold(turn.settings)

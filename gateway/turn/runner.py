@@ -29,6 +29,7 @@ from gateway.model.sizing import ContextResolver
 from gateway.store import CompactionRow, HistoryRead, MessageRow, SessionRow, Store, TurnUsage
 from gateway.tools.memory import MemoryFlush
 from gateway.tools.registry import ToolContext, ToolRegistry
+from gateway.tools.scope import Scopes
 from gateway.turn.archive import Archive
 from gateway.turn.artifacts import cap_tool_output
 from gateway.turn.commands import Describe, run_commands
@@ -120,6 +121,8 @@ class Runner:
     summarize: SummaryCall
     flush: MemoryFlush | None = None
     hooks: TurnHooks = field(default_factory=TurnHooks)
+    scopes: Scopes | None = None
+    """Who each turn's tool calls are for (None: a guest of the session)."""
     last_plan: dict[str, ContextPlan] = field(init=False, default_factory=dict)
     archived: ArchivedSeqs = field(init=False, default_factory=ArchivedSeqs)
     """What this process archived of each session outside compactions (`_archive_left_out`)."""
@@ -260,14 +263,21 @@ class Runner:
         session_key = session.key
         mid = mid or MidTurn("collect", self.store, session.id)
         first_seq = claimed[0].seq or 0
+        platform = claimed[-1].platform or session.platform
+        caller = None
+        if self.scopes is not None:
+            caller = await self.scopes.caller(
+                session_key, platform, session.chat_type, claimed[-1].sender_id
+            )
         ctx = ToolContext(
             session_key=session_key,
             timezone=self.config.gateway.timezone,
-            platform=claimed[-1].platform or session.platform,
+            platform=platform,
             chat_id=claimed[-1].chat_id or session.chat_id,
             thread_id=session.thread_id,
             chat_type=session.chat_type,
             account=session.account,
+            caller=caller,
         )
         all_specs, _tokens, fresh_specs = self.prompts.tool_specs()
         settings = self.settings_for(session, claimed[-1].sender_id)
@@ -383,7 +393,7 @@ class Runner:
                 tool_result = await self.tools.call(call.name, call.arguments, ctx)
                 content = await cap_tool_output(
                     self.engine, settings, self.config.workspace,
-                    tool_result.content, call.name, call.id,
+                    tool_result.content, call.name, call.id, session_key,
                 )
                 round_messages.append(
                     Message(
@@ -412,8 +422,9 @@ class Runner:
         first) and answer the command at once; the loop then goes on."""
         await self.store.mark_handled([r.id for r in asked if r.id is not None], COMMAND_STATUS)
         instructions = compact_command(asked[-1].content) or ""
-        await self.compactions.flush_if_due(session_key, self.engine.assemble(turn))
-        result = await self.compactions.compact(session_key, turn, instructions, reason="command")
+        result = await self.compactions.compact(
+            session_key, turn, instructions, reason="command", flush=self.engine.assemble(turn)
+        )
         answer = describe_compaction(result)
         for row in asked:
             target = OutboundMessage(

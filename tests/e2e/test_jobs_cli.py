@@ -48,4 +48,4 @@ async def test_jobs_made_in_chat_are_listed_and_cancelled_offline(
     code, out, err = await in_process(config, "jobs", "cancel", "maintenance:daily-reset")
     assert code == 1 and "turn it off in [scheduler]" in err
     code, out, err = await in_process(config, "jobs", "list", "--json")
-    assert [j["kind"] for j in json.loads(out)] == ["maintenance"] * 4
+    assert [j["kind"] for j in json.loads(out)] == ["maintenance"] * 5

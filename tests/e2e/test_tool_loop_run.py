@@ -63,9 +63,10 @@ async def test_a_300_round_turn_through_gatehouse_run(tmp_path: Path) -> None:
             f'[models."fake-model"]\ncontext_window = {WINDOW}\n'
             "[context]\nsummary_timeout = 30\n",
         )
+        # The logs are the owner's workspace files: memory_get reads them for an owner only.
         text = config.read_text().replace(
             'model = "fake-model"\n', 'model = "fake-model"\nmax_tool_rounds = 1000\nstream = false\n'
-        )
+        ).replace('data_dir = "data"\n', 'data_dir = "data"\nowners = ["webchat:builder"]\n')
         config.write_text(text)
         proc = await asyncio.create_subprocess_exec(
             GATEHOUSE, "--config", str(config), "run", cwd=tmp_path, env=env(),

@@ -13,8 +13,10 @@ from gateway.app import Gateway
 from gateway.jobs.maintenance import (
     DAILY_RESET,
     IDLE_COMPACTION,
+    INBOX_RETENTION,
     MEMORY_REFRESH,
     PAIRING_EXPIRY,
+    Maintenance,
     maintenance_schedule,
 )
 from gateway.operations import show_session, uncompact_session
@@ -57,12 +59,14 @@ def flush_requests(fake: FakeOpenAI) -> list[dict[str, Any]]:
 async def test_maintenance_jobs_follow_the_config(make_config: MakeConfig) -> None:
     config = make_config(scheduler={"daily_reset": "4:30"}, gateway={"timezone": "Asia/Tokyo"})
     jobs = {j.id: j for j in maintenance_schedule(config)}
-    assert set(jobs) == {IDLE_COMPACTION, DAILY_RESET, MEMORY_REFRESH, PAIRING_EXPIRY}
+    assert set(jobs) == {
+        IDLE_COMPACTION, DAILY_RESET, MEMORY_REFRESH, PAIRING_EXPIRY, INBOX_RETENTION
+    }
     fire = jobs[DAILY_RESET].trigger.get_next_fire_time(None, datetime.now(UTC))
     assert fire is not None and (fire.hour, fire.minute) == (4, 30)
     assert fire.utcoffset() == timedelta(hours=9)
     off = make_config(scheduler={"idle_compaction_minutes": 0, "memory_refresh_minutes": 0,
-                                 "pairing_expiry_minutes": 0})
+                                 "pairing_expiry_minutes": 0}, attachments={"retention_days": 0})
     assert maintenance_schedule(off) == []
 
 
@@ -196,3 +200,21 @@ async def test_expired_pairing_codes_are_marked_expired(running: RunningGateway)
     assert await store.decide_pairing(old.code, "approved") is None
     assert await store.decide_pairing(fresh.code, "approved") is not None
     assert await running.gateway.scheduler.run_maintenance_now(PAIRING_EXPIRY) == []
+
+
+async def test_inbox_files_past_their_retention_are_deleted(make_config: MakeConfig) -> None:
+    """`[attachments] retention_days`: the hourly job deletes older files, keeps newer ones,
+    and removes the folders it empties."""
+    import os
+
+    config = make_config(attachments={"retention_days": 7})
+    old = config.workspace / "inbox" / "telegram-direct-7-abc" / "2026-11-01" / "old.jpg"
+    new = config.workspace / "inbox" / "telegram-direct-7-abc" / "2026-12-07" / "new.jpg"
+    for path in (old, new):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * 100)
+    stale = (datetime.now(UTC) - timedelta(days=8)).timestamp()
+    os.utime(old, (stale, stale))
+    maintenance = Maintenance(Gateway(config))
+    assert await maintenance.prune_inbox() == (1, 100)
+    assert not old.exists() and not old.parent.exists() and new.exists()

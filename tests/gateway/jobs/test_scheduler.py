@@ -5,6 +5,7 @@ Bot API. Jobs are made due by moving their stored run time, never by sleeping fo
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -218,15 +219,22 @@ async def test_cron_job_runs_an_isolated_turn_and_posts_the_answer(
         await gateway.stop(grace=2)
 
 
-async def test_cron_result_goes_to_the_target_given(
+async def test_cron_result_goes_to_the_target_an_owner_gave(
     make_config: MakeConfig, fake_llm: FakeOpenAI, tg: FakeTelegram
 ) -> None:
-    gateway = await start_gateway(telegram_config(make_config, fake_llm, tg))
+    config = telegram_config(make_config, fake_llm, tg, gateway={"owners": [f"telegram:{USER}"]})
+    gateway = await start_gateway(config)
     try:
         group = -100777
-        text = await call(gateway, "cron_create",
-                          {"schedule": "*/5 * * * *", "prompt": "status",
-                           "target": {"platform": "telegram", "chat_id": str(group)}}, ctx())
+        args = {"schedule": "*/5 * * * *", "prompt": "status",
+                "target": {"platform": "telegram", "chat_id": str(group)}}
+        # A guest (someone else's DM) may not make the bot post into another chat.
+        refused = await call(gateway, "cron_create", args, ctx("agent:main:telegram:direct:8", "8"))
+        assert refused.startswith("error: results can only be posted to this conversation")
+        assert await gateway.scheduler.jobs() == []
+        owner = await gateway.scopes.caller(KEY, "telegram", "direct", str(USER))
+        assert owner.owner
+        text = await call(gateway, "cron_create", args, replace(ctx(), caller=owner))
         assert f"posted to telegram chat {group}" in text
         [job] = await gateway.scheduler.jobs()
         fake_llm.script(reply("all green"))

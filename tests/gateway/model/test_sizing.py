@@ -152,7 +152,7 @@ async def test_huge_tool_output_is_capped_and_saved(
         assert len(sent) < 40_000
         assert "ValueError: boom" in sent, "the error tail is kept"
         assert "full output saved to artifacts/" in sent
-        artifacts = list((config.workspace / "artifacts").glob("*dump*.txt"))
+        artifacts = list((config.workspace / "artifacts").glob("*/*dump*.txt"))
         assert len(artifacts) == 1 and artifacts[0].read_text() == huge
     finally:
         await rg.gateway.stop()

@@ -99,12 +99,16 @@ async def test_a_note_already_held_is_not_written_again(
     note = next((ws / "memory").glob("*.md"))
     before = note.read_text("utf-8")
     with caplog.at_level(logging.INFO, logger="gateway.tools.memory"):
-        again = await call(tools, "memory_write", BOB, text="the office WiFi is gh-5g")
+        again = await call(tools, "memory_write", text="the office WiFi is gh-5g")
     assert again.startswith("not saved again: memory/") and "the same text" in again
     assert note.read_text("utf-8") == before
     assert [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()] == [
-        f"memory note from {BOB} skipped: already in {again.split(': ', 1)[1].rsplit(' already', 1)[0]}"
+        f"memory note from {ALICE} skipped: already in {again.split(': ', 1)[1].rsplit(' already', 1)[0]}"
     ]
+    # Another conversation cannot see Alice's note: its own copy is written (a "not saved
+    # again" would tell Bob that someone else's note says it).
+    theirs = await call(tools, "memory_write", BOB, text="the office WiFi is gh-5g")
+    assert theirs.startswith("saved to memory/")
     changed = await call(tools, "memory_write", text="The office wifi is gh-6g now.")
     assert changed.startswith("saved to memory/")
     assert "gh-6g" in note.read_text("utf-8")
@@ -135,7 +139,9 @@ async def test_decay_from_the_config_puts_the_newer_of_two_equal_notes_first(
         "2026-11-30": "The backup host is bk-7, still.",
     }
     for day, text in notes.items():
-        (ws / "memory" / f"{day}.md").write_text(f"# {day}\n\n## 09:00:00 · k\n{text}\n", "utf-8")
+        (ws / "memory" / f"{day}.md").write_text(
+            f"# {day}\n\n## 09:00:00 · {ALICE}\n{text}\n", "utf-8"
+        )
     with MemoryIndex(tmp_path / "index.db", ws) as index:
         for half_life, first in ((None, "2025-01-05"), (30.0, "2026-11-30")):
             tools = ToolRegistry()
