@@ -42,6 +42,16 @@ class ChannelSection(_Strict):
     groups: dict[str, HistoryOverride] = Field(default_factory=dict)
     dm_policy: DmPolicy = "pairing"
     allow_from: list[str] = Field(default_factory=list)
+    # Strangers (not allowed to talk: not in allow_from, not paired) must not cost sends.
+    refusal_interval_seconds: int = Field(
+        default=600, ge=0,
+        description="at most one refusal (or pairing-code reminder) per stranger per interval; "
+        "later messages in it are not answered; 0 = every message is answered",
+    )
+    max_pending_pairings: int = Field(
+        default=50, ge=1, le=10_000,
+        description="pending pairing codes per platform at once (one per sender)",
+    )
     group_allowlist: list[str] = Field(default_factory=list)
     require_mention: bool = True
     group_buffer: int = Field(default=50, ge=0)

@@ -352,7 +352,7 @@ class Gateway:
             return InboundResult(key, accepted=False, reason=problem)
         decision = await self.access.check(msg)
         if decision.verdict == "reject":
-            log.info("not answering %s:%s: %s", msg.platform, msg.sender_id, decision.reason)
+            log.log(decision.log_level, "not answering %s:%s: %s", msg.platform, msg.sender_id, decision.reason)
             if decision.reply:
                 await self._reply_directly(msg, key, decision.reply)
             return InboundResult(key, accepted=False, reason=decision.reason)

@@ -101,6 +101,7 @@ class Store:
         self.pending_pairings = self.pairing_repo.pending_pairings
         self.list_pairings = self.pairing_repo.list_pairings
         self.add_pairing = self.pairing_repo.add_pairing
+        self.request_pairing = self.pairing_repo.request_pairing
         self.decide_pairing = self.pairing_repo.decide_pairing
         self.expire_pairings = self.pairing_repo.expire_pairings
         self.approved_senders = self.pairing_repo.approved_senders

@@ -2,21 +2,36 @@
 
 Each request is a row (pending, then approved, denied or expired); the latest row for a sender
 is their standing. Codes expire, so a stale one can neither be approved nor stay pending.
+A sender holds at most one pending code (`request_pairing` hands back the one they have), so a
+platform's cap on pending codes takes as many accounts as the cap to fill.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
+from sqlalchemy import text
 from sqlmodel import Session, col, select
 
 from gateway.store.engine import Database
+from gateway.store.locks import lock_id
 from gateway.store.models import PairingRow, utcnow
 
 
 def _aware(value: datetime) -> datetime:
     """SQLite hands back naive datetimes; they were stored as UTC."""
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class PairingRequest:
+    """What asking for a code gave a sender."""
+
+    row: PairingRow | None
+    """Their pending code, or None: the platform has `max_pending` codes pending already."""
+    issued: bool
+    """A new code (False: the one they already had, still valid, or none)."""
 
 
 class PairingRepository:
@@ -53,6 +68,54 @@ class PairingRepository:
             db.add(row)
             db.flush()
             return row
+
+        return await self._db.write(op)
+
+    async def request_pairing(
+        self,
+        platform: str,
+        sender_id: str,
+        sender_name: str | None,
+        *,
+        code: str,
+        ttl: timedelta,
+        max_pending: int,
+    ) -> PairingRequest:
+        """The sender's valid pending code, else a new one (`code`) unless the platform has
+        `max_pending` pending; one transaction, so two messages at once never give a sender two
+        codes nor the platform one over its cap (PostgreSQL: under a per-platform advisory
+        lock; SQLite's write transactions are serial already)."""
+        now = utcnow()
+
+        def op(db: Session) -> PairingRequest:
+            if db.get_bind().dialect.name == "postgresql":
+                db.connection().execute(
+                    text("SELECT pg_advisory_xact_lock(:id)"),
+                    {"id": lock_id(f"gatehouse:pairings:{platform}")},
+                )
+            pending = db.exec(
+                select(PairingRow).where(
+                    PairingRow.platform == platform, PairingRow.status == "pending"
+                )
+            ).all()
+            valid = [r for r in pending if _aware(r.expires_at) > now]
+            for row in valid:
+                if row.sender_id == sender_id:
+                    return PairingRequest(row, issued=False)
+            if len(valid) >= max_pending:
+                return PairingRequest(None, issued=False)
+            for row in pending:  # their stale code goes, so one sender holds one pending row
+                if row.sender_id == sender_id:
+                    row.status = "expired"
+                    row.decided_at = now
+                    db.add(row)
+            row = PairingRow(
+                platform=platform, sender_id=sender_id, sender_name=sender_name, code=code,
+                expires_at=now + ttl,
+            )
+            db.add(row)
+            db.flush()
+            return PairingRequest(row, issued=True)
 
         return await self._db.write(op)
 
