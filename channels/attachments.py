@@ -5,31 +5,38 @@ platform's words: Telegram ``{"type", "file_id", "name"}``, Slack ``{"id", "name
 "size", "url"}`` (``url`` is ``url_private``), Discord ``{"id", "filename", "url",
 "content_type", "size"}``. `describe` reads any of them; nothing is downloaded when the message
 arrives. The gateway downloads later (after the message is stored) through the adapter's
-`FetchesAttachments.fetch_attachment`, which uses the platform's own API: Telegram ``getFile``
-and the file URL (python-telegram-bot), Slack ``url_private`` with the bot token, Discord the
-attachment URL (discord.py's CDN fetch). The gateway saves what comes back to the workspace
+`FetchesAttachments.fetch_attachment`, which uses the platform's own API and the SDK's own HTTP
+client: Telegram ``getFile`` and the file URL (python-telegram-bot's httpx client), Slack
+``url_private`` with the bot token (slack-sdk's aiohttp session), Discord the attachment URL
+(discord.py's aiohttp session). Every body is streamed through `collect_bounded`, so a server
+that says a file is small and then sends gigabytes costs at most ``max_bytes`` plus one read
+buffer of memory. The gateway saves what comes back to the workspace
 (gateway/inbound/attachments.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from aiohttp import ClientResponse
 
 __all__ = [
+    "READ_CHUNK",
     "WORKSPACE_IMAGE_PREFIX",
     "AttachmentInfo",
     "AttachmentTooLarge",
     "AttachmentUnavailable",
     "FetchesAttachments",
+    "collect_bounded",
+    "declared_length",
     "describe",
     "read_bounded",
 ]
 
-_CHUNK = 64 * 1024
+READ_CHUNK = 64 * 1024
+"""The read buffer of a download: what may be held beyond ``max_bytes`` before a refusal."""
 
 WORKSPACE_IMAGE_PREFIX = "workspace:"
 """How a stored message names an image saved in the workspace, in an OpenAI image part
@@ -57,8 +64,11 @@ class FetchesAttachments(Protocol):
     """Optional: a channel that can download the attachments it lists.
 
     ``fetch_attachment`` returns the file's bytes, at most ``max_bytes`` of them: a larger file
-    raises `AttachmentTooLarge` (before downloading when the platform says the size), one the
-    platform will not give `AttachmentUnavailable`; network errors propagate as they are.
+    raises `AttachmentTooLarge` (before downloading when the platform or the Content-Length
+    says the size, else while streaming, never holding more than the limit: `collect_bounded`),
+    one the platform will not give `AttachmentUnavailable` with a reason for people (an error
+    status, a redirect refused, a stall, a broken connection); anything else propagates and the
+    gateway logs it in one line.
     """
 
     async def fetch_attachment(self, attachment: Mapping[str, Any], max_bytes: int) -> bytes: ...
@@ -96,15 +106,30 @@ def describe(attachment: Mapping[str, Any]) -> AttachmentInfo:
     )
 
 
-async def read_bounded(response: ClientResponse, max_bytes: int) -> bytes:
-    """The body of `response`, refused (`AttachmentTooLarge`) as soon as it passes `max_bytes`:
-    by its Content-Length before reading, else while reading, never buffered past the limit."""
-    declared = response.content_length
+def declared_length(value: str | None) -> int | None:
+    """A Content-Length header as a number (None: absent or not one; then only reading tells)."""
+    digits = (value or "").strip()
+    return int(digits) if digits.isascii() and digits.isdigit() else None
+
+
+async def collect_bounded(
+    chunks: AsyncIterable[bytes], declared: int | None, max_bytes: int
+) -> bytes:
+    """The bytes of `chunks`, refused (`AttachmentTooLarge`) as soon as they pass `max_bytes`:
+    by the `declared` length before reading, else while reading. Nothing past the limit is kept
+    (at most one chunk over it), whatever the server declared; the caller closes the stream."""
     if declared is not None and declared > max_bytes:
         raise AttachmentTooLarge(declared, max_bytes)
     body = bytearray()
-    async for chunk in response.content.iter_chunked(_CHUNK):
-        body += chunk
-        if len(body) > max_bytes:
+    async for chunk in chunks:
+        if len(body) + len(chunk) > max_bytes:
             raise AttachmentTooLarge(None, max_bytes)
+        body += chunk
     return bytes(body)
+
+
+async def read_bounded(response: ClientResponse, max_bytes: int) -> bytes:
+    """The body of an aiohttp `response`, read `READ_CHUNK` at a time by `collect_bounded`."""
+    return await collect_bounded(
+        response.content.iter_chunked(READ_CHUNK), response.content_length, max_bytes
+    )

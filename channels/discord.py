@@ -17,7 +17,9 @@ Normalization
   other in a loop), system messages (joins, pins, boosts ...), and messages with neither text
   nor attachments (stickers, embeds only).
 - Attachments are listed (id, filename, url, content_type, size); the gateway downloads them
-  after the message is stored, through `fetch_attachment` (discord.py's CDN fetch of the url).
+  after the message is stored, through `fetch_attachment`: a GET of the url on discord.py's own
+  aiohttp session, as its ``get_from_cdn`` does (proxy included), but streamed and refused as
+  soon as it passes the size cap (``get_from_cdn`` reads the whole body first).
 
 Endpoints: ``api_base_url`` (the REST root *including the version*, e.g.
 ``https://discord.com/api/v10``) and ``gateway_url`` (``wss://gateway.discord.gg/``) are for
@@ -69,7 +71,7 @@ import discord.gateway
 import discord.http
 import yarl
 
-from channels.attachments import AttachmentTooLarge, AttachmentUnavailable
+from channels.attachments import AttachmentTooLarge, AttachmentUnavailable, read_bounded
 from channels.base import (
     ChannelCapabilities,
     ChatType,
@@ -502,25 +504,48 @@ class DiscordChannel:
 
     # -- attachments --------------------------------------------------------------------------
 
+    download_timeout = 60.0
+    """Seconds a file download may go without a byte arriving (a stall); the whole download
+    is bounded by the gateway (``[attachments] download_timeout``)."""
+
     async def fetch_attachment(self, attachment: Mapping[str, Any], max_bytes: int) -> bytes:
-        """Download a listed attachment from its URL with discord.py (``get_from_cdn``, what
-        ``Attachment.read`` uses). Discord reports the size, so a file over `max_bytes` is
-        refused before anything is read."""
+        """Download a listed attachment from its URL, as discord.py's ``get_from_cdn`` (what
+        ``Attachment.read`` uses) does: its session, its proxy, redirects followed (no token
+        travels to the CDN). Unlike ``get_from_cdn`` the body is streamed (`read_bounded`), so
+        a file is refused once past `max_bytes` whatever size Discord reported; a reported
+        size over it is refused before anything is read."""
         url = attachment.get("url")
         if not isinstance(url, str) or not url:
             raise AttachmentUnavailable("Discord listed the file without a URL")
         size = attachment.get("size")
         if isinstance(size, int) and size > max_bytes:
             raise AttachmentTooLarge(size, max_bytes)
+        http = self.client.http
+        # discord.py keeps its session private (name-mangled ``__session``) and only offers
+        # the read-it-all ``get_from_cdn``; this is the same session, so the same pool.
+        session = getattr(http, "_HTTPClient__session", None)
+        if not isinstance(session, aiohttp.ClientSession) or session.closed:
+            raise AttachmentUnavailable("the Discord channel is not running")
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=self.download_timeout)
         try:
-            data = await self.client.http.get_from_cdn(url)
-        except discord.NotFound as exc:
-            raise AttachmentUnavailable("Discord no longer has it (404)") from exc
-        except discord.HTTPException as exc:
-            raise AttachmentUnavailable(f"Discord answered HTTP {exc.status}") from exc
-        if len(data) > max_bytes:
-            raise AttachmentTooLarge(len(data), max_bytes)
-        return data
+            async with session.get(
+                url, proxy=http.proxy, proxy_auth=http.proxy_auth, timeout=timeout
+            ) as response:
+                if response.status == 404:
+                    raise AttachmentUnavailable("Discord no longer has it (404)")
+                if response.status != 200:
+                    raise AttachmentUnavailable(f"Discord answered HTTP {response.status}")
+                return await read_bounded(response, max_bytes)
+        except TimeoutError as exc:
+            raise AttachmentUnavailable(
+                f"Discord sent nothing for {self.download_timeout:g} s"
+            ) from exc
+        except aiohttp.TooManyRedirects as exc:
+            raise AttachmentUnavailable("Discord redirected the download too often") from exc
+        except (aiohttp.ClientError, ValueError) as exc:
+            raise AttachmentUnavailable(
+                f"the download from Discord failed ({type(exc).__name__}: {exc})"
+            ) from exc
 
 
 def _guard_parsers(client: discord.Client) -> None:

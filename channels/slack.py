@@ -59,8 +59,11 @@ answered in that thread; DMs and group DMs (``mpim``) stay top-level. Off: a top
 answered at top level, in the channel's own conversation.
 
 Files (``files`` of a ``file_share``) are listed as attachments; `fetch_attachment` downloads one
-from its ``url_private`` with the bot token (the ``files:read`` scope), which is only ever sent
-to Slack's own hosts (or the configured ``base_url``'s host).
+from its ``url_private`` with the bot token (the ``files:read`` scope) on slack-sdk's own aiohttp
+session, streamed and refused once past the size cap. The token is only ever sent over https to
+Slack's own hosts (``slack.com`` and ``*.slack.com``) on port 443, or to exactly the configured
+``base_url``'s scheme, host and port; redirects are followed by hand and every hop is checked
+again, so a redirect to another port, scheme or host is refused before anything is sent there.
 
 Malformed events (no channel, no user, a non-string ``text`` / ``ts`` / ``thread_ts``, a
 non-object ``user_profile``) are dropped with a warning instead of raising in the listener.
@@ -98,8 +101,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import parse_qsl, urljoin, urlsplit
+from urllib.parse import parse_qsl
 
+import yarl
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 from markdown_it import MarkdownIt
 from markdown_it.tree import SyntaxTreeNode
@@ -145,7 +149,22 @@ RATE_LIMIT_RETRIES = 3
 _SEEN_LIMIT = 2048
 _THREADS_LIMIT = 4096
 _REDIRECTS = 3
+_REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 _STOP_GRACE = 10.0
+
+
+def _origin(url: yarl.URL) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of `url` as aiohttp connects to it: the scheme's default port when
+    none is given, the host lower-cased as sent (IDNA-encoded)."""
+    return url.scheme.lower(), (url.raw_host or "").lower(), url.port
+
+
+def _origin_shown(url: yarl.URL) -> str:
+    """`url`'s origin for a message (no path or query, which are nobody's business)."""
+    scheme, host, port = _origin(url)
+    if not host:
+        return "no host"
+    return f"{scheme}://{host}:{port}" if port is not None else f"{scheme}://{host}"
 
 
 def _unescape(text: str) -> str:
@@ -561,15 +580,21 @@ class SlackChannel:
 
     # -- attachments ------------------------------------------------------------------------
 
+    download_timeout = 60.0
+    """Seconds a file download may go without a byte arriving (a stall); the whole download
+    is bounded by the gateway (``[attachments] download_timeout``)."""
+
     async def fetch_attachment(self, attachment: Mapping[str, Any], max_bytes: int) -> bytes:
         """Download a shared file from its ``url_private`` with the bot token.
 
-        The token goes only to Slack's hosts (or the configured ``base_url``'s); redirects are
-        followed by hand so it never travels anywhere else. Slack answers a token without the
-        ``files:read`` scope with its sign-in page (HTML, status 200): refused as such.
+        The token goes only where `_token_may_go_to` says; redirects are followed by hand and
+        each hop is checked again, so it never travels anywhere else. The body is streamed
+        (`read_bounded`): refused once past `max_bytes`, whatever size Slack reported. Slack
+        answers a token without the ``files:read`` scope with its sign-in page (HTML, status
+        200): refused as such.
         """
-        url = attachment.get("url")
-        if not isinstance(url, str) or not url:
+        raw = attachment.get("url")
+        if not isinstance(raw, str) or not raw:
             raise AttachmentUnavailable("Slack listed the file without a download URL")
         size = attachment.get("size")
         if isinstance(size, int) and size > max_bytes:
@@ -577,36 +602,58 @@ class SlackChannel:
         session = self.client.session
         if session is None or session.closed:
             raise AttachmentUnavailable("the Slack channel is not running")
+        try:
+            url = yarl.URL(raw)
+        except ValueError as exc:
+            raise AttachmentUnavailable("Slack listed the file with a malformed URL") from exc
         claimed = attachment.get("mimetype")
-        for _hop in range(_REDIRECTS + 1):
-            if not self._token_may_go_to(url):
-                raise AttachmentUnavailable(
-                    f"its URL is not on Slack ({urlsplit(url).hostname!r}); "
-                    "the bot token is not sent there"
-                )
-            headers = {"Authorization": f"Bearer {self.client.token}"}
-            async with session.get(url, headers=headers, allow_redirects=False) as response:
-                location = response.headers.get("Location")
-                if response.status in (301, 302, 303, 307, 308) and location:
-                    url = urljoin(url, location)
-                    continue
-                if response.status != 200:
-                    raise AttachmentUnavailable(f"Slack answered HTTP {response.status}")
-                if response.content_type == "text/html" and claimed != "text/html":
+        timeout = ClientTimeout(
+            total=None, sock_connect=self.client.timeout, sock_read=self.download_timeout
+        )
+        try:
+            for hop in range(_REDIRECTS + 1):
+                if not self._token_may_go_to(url):
+                    where = "its URL is not on" if hop == 0 else "Slack redirected it away from"
                     raise AttachmentUnavailable(
-                        "Slack sent a web page instead of the file (does the app have the "
-                        "files:read scope?)"
+                        f"{where} Slack ({_origin_shown(url)}); the bot token is not sent there"
                     )
-                return await read_bounded(response, max_bytes)
+                headers = {"Authorization": f"Bearer {self.client.token}"}
+                async with session.get(
+                    url, headers=headers, allow_redirects=False, timeout=timeout
+                ) as response:
+                    location = response.headers.get("Location")
+                    if response.status in _REDIRECT_STATUSES and location:
+                        url = url.join(yarl.URL(location))
+                        continue
+                    if response.status != 200:
+                        raise AttachmentUnavailable(f"Slack answered HTTP {response.status}")
+                    if response.content_type == "text/html" and claimed != "text/html":
+                        raise AttachmentUnavailable(
+                            "Slack sent a web page instead of the file (does the app have the "
+                            "files:read scope?)"
+                        )
+                    return await read_bounded(response, max_bytes)
+        except TimeoutError as exc:
+            raise AttachmentUnavailable(
+                f"Slack sent nothing for {self.download_timeout:g} s"
+            ) from exc
+        except (ClientError, ValueError) as exc:  # ValueError: a malformed redirect Location
+            raise AttachmentUnavailable(
+                f"the download from Slack failed ({type(exc).__name__}: {exc})"
+            ) from exc
         raise AttachmentUnavailable("Slack redirected the download too often")
 
-    def _token_may_go_to(self, url: str) -> bool:
-        parts = urlsplit(url)
-        host = (parts.hostname or "").lower()
-        if parts.scheme == "https" and (host == "slack.com" or host.endswith(".slack.com")):
+    def _token_may_go_to(self, url: yarl.URL) -> bool:
+        """Whether the bot token may be sent to `url`: over https to Slack's own hosts on the
+        default port, or to exactly the configured ``base_url``'s scheme, host and port (a
+        fake or proxy, trusted as configured). Parsed by yarl, as aiohttp connects."""
+        scheme, host, port = _origin(url)
+        if not host:
+            return False
+        on_slack = host == "slack.com" or host.endswith(".slack.com")
+        if scheme == "https" and port == 443 and on_slack:
             return True
-        configured = urlsplit(self.client.base_url).hostname
-        return bool(host) and host == (configured or "").lower()
+        return (scheme, host, port) == _origin(yarl.URL(self.client.base_url))
 
     # -- inbound ----------------------------------------------------------------------------
 

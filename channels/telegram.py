@@ -47,7 +47,12 @@ Ignored on purpose: the bot's own messages, edited messages (an edit never re-tr
 they are not even requested via ``allowed_updates``), channel posts, and service messages that
 carry neither text nor an attachment (joins, pins, topic creation...). Attachments are listed by
 ``file_id``; the gateway downloads them later, after the message is stored, through
-`fetch_attachment` (``getFile``, then the file URL under ``<base_url>/file/bot<token>/``).
+`fetch_attachment` (``getFile``, then the file URL PTB gives, under
+``<base_url>/file/bot<token>/``). The file is streamed by PTB's own httpx client
+(`_StreamingRequest`) and refused as soon as it passes the size cap, whatever ``getFile`` or
+Content-Length said; a redirect, an error status or an encoded body is refused without
+reading it (PTB's own download would log a traceback for those), and no error names the URL,
+which holds the bot token.
 """
 
 from __future__ import annotations
@@ -60,7 +65,9 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
+from urllib.parse import quote, urlsplit, urlunsplit
 
+import httpx
 from aiohttp import web
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
@@ -77,7 +84,12 @@ from telegram.ext import (
 )
 from telegram.request import HTTPXRequest
 
-from channels.attachments import AttachmentTooLarge, AttachmentUnavailable
+from channels.attachments import (
+    AttachmentTooLarge,
+    AttachmentUnavailable,
+    collect_bounded,
+    declared_length,
+)
 from channels.base import (
     ChannelCapabilities,
     InboundHandler,
@@ -156,6 +168,54 @@ class _TolerantBot(ExtBot[None]):
             )
             return {"update_id": update_id}
         return raw
+
+
+class _StreamingRequest(HTTPXRequest):
+    """PTB's HTTP client (httpx, one pool for every Bot API call) that can also stream a file.
+
+    PTB's own download (``File.download_as_bytearray`` → ``BaseRequest.retrieve``) holds the
+    whole body before anyone sees its size, and on an answer other than 2xx it logs a traceback
+    (its invalid-JSON path) before raising. `stream_file` uses the same httpx client instead.
+    """
+
+    __slots__ = ()
+
+    async def stream_file(self, url: str, max_bytes: int, read_timeout: float) -> bytes:
+        """The body at `url`, at most `max_bytes` (`collect_bounded`), read as it arrives.
+
+        Redirects are not followed (the Bot API serves files directly), and the body is asked
+        for and accepted only unencoded: httpx decompresses without a bound, so a small gzip
+        body could otherwise grow past any cap inside one read.
+        """
+        if self._client.is_closed:
+            raise AttachmentUnavailable("the Telegram channel is not running")
+        base = self._client.timeout
+        timeout = httpx.Timeout(
+            connect=base.connect, read=read_timeout, write=base.write, pool=base.pool
+        )
+        headers = {"User-Agent": self.USER_AGENT, "Accept-Encoding": "identity"}
+        async with self._client.stream(
+            "GET", url, headers=headers, timeout=timeout, follow_redirects=False
+        ) as response:
+            status = response.status_code
+            if 300 <= status < 400:
+                raise AttachmentUnavailable(
+                    f"Telegram answered HTTP {status}, a redirect (not followed)"
+                )
+            if status != 200:
+                raise AttachmentUnavailable(f"Telegram answered HTTP {status}")
+            encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+            if encoding not in ("", "identity"):
+                raise AttachmentUnavailable(f"Telegram sent it {encoding}-encoded, unasked")
+            declared = declared_length(response.headers.get("Content-Length"))
+            return await collect_bounded(response.aiter_raw(), declared, max_bytes)
+
+
+def _file_url(file_path: str) -> str:
+    """The URL PTB itself downloads a file from (``File._get_encoded_url``): the Bot API's
+    file URL with its path percent-encoded (file names may be any UTF-8)."""
+    parts = urlsplit(file_path)
+    return urlunsplit(parts._replace(path=quote(parts.path)))
 
 
 def _utf16_spans_removed(text: str, spans: list[tuple[int, int]]) -> str:
@@ -510,7 +570,7 @@ class TelegramChannel:
             s.token,
             base_url=f"{root}/bot",
             base_file_url=f"{root}/file/bot",
-            request=HTTPXRequest(connection_pool_size=256),
+            request=_StreamingRequest(connection_pool_size=256),
             get_updates_request=HTTPXRequest(connection_pool_size=1),
         )
         builder = ApplicationBuilder().bot(bot).job_queue(None)
@@ -789,14 +849,16 @@ class TelegramChannel:
     # -- attachments --------------------------------------------------------------------------
 
     download_timeout = 60.0
-    """Seconds PTB may take to read one file."""
+    """Seconds a file download may go without a byte arriving (a stall); the whole download
+    is bounded by the gateway (``[attachments] download_timeout``)."""
 
     async def fetch_attachment(self, attachment: Mapping[str, Any], max_bytes: int) -> bytes:
         """Download a listed file: ``getFile`` for its path and size, then the file itself.
 
         The cloud Bot API hands bots files of at most 20 MB ("file is too big" beyond). A
         ``file_path`` that is no URL (a Bot API server in ``--local`` mode names a file on its
-        own disk) is refused: PTB would read that path from this machine's disk.
+        own disk) is refused: PTB would read that path from this machine's disk. The file is
+        streamed and refused past `max_bytes` while reading (`_StreamingRequest.stream_file`).
         """
         file_id = attachment.get("file_id")
         if not isinstance(file_id, str) or not file_id:
@@ -809,9 +871,20 @@ class TelegramChannel:
             raise AttachmentUnavailable(f"Telegram refused it: {exc.message}") from exc
         if file.file_size is not None and file.file_size > max_bytes:
             raise AttachmentTooLarge(file.file_size, max_bytes)
-        if not str(file.file_path or "").startswith(("https://", "http://")):
+        path = str(file.file_path or "")
+        if not path.startswith(("https://", "http://")):
             raise AttachmentUnavailable("Telegram gave no download URL for it")
-        data = bytes(await file.download_as_bytearray(read_timeout=self.download_timeout))
-        if len(data) > max_bytes:
-            raise AttachmentTooLarge(len(data), max_bytes)
-        return data
+        request = self.bot.request
+        if not isinstance(request, _StreamingRequest):  # a bot this channel did not build
+            raise AttachmentUnavailable("the Telegram channel cannot stream downloads")
+        try:
+            return await request.stream_file(_file_url(path), max_bytes, self.download_timeout)
+        except httpx.TimeoutException as exc:
+            raise AttachmentUnavailable(
+                f"Telegram sent nothing for {self.download_timeout:g} s ({type(exc).__name__})"
+            ) from exc
+        except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
+            # The URL holds the bot token: the reason is told by the error's type alone.
+            raise AttachmentUnavailable(
+                f"the download from Telegram failed ({type(exc).__name__})"
+            ) from exc

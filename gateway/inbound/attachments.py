@@ -548,7 +548,9 @@ class AttachmentIntake:
                 data = await channel.fetch_attachment(attachment, limit)
         except AttachmentTooLarge as exc:
             log.info("attachments: %s refused: %s", what, exc)
-            return self._refused(info, label, exc.size if exc.size is not None else info.size)
+            # Not the platform's size: it was within the limit, so it was wrong (a stream
+            # that ran past the limit has no size but "larger than the limit").
+            return self._refused(info, label, exc.size)
         except AttachmentUnavailable as exc:
             log.warning("attachments: %s could not be downloaded: %s", what, exc)
             return Outcome(label, _kind(info, None), size=info.size, problem=str(exc))

@@ -4,6 +4,7 @@ download signature, and a bounded read."""
 from __future__ import annotations
 
 import inspect
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -14,6 +15,8 @@ from channels.attachments import (
     AttachmentInfo,
     AttachmentTooLarge,
     FetchesAttachments,
+    collect_bounded,
+    declared_length,
     describe,
     read_bounded,
 )
@@ -85,3 +88,36 @@ async def test_read_bounded_stops_past_the_limit() -> None:
         async with session.get(server.make_url("/streamed")) as response:
             with pytest.raises(AttachmentTooLarge):
                 await read_bounded(response, 10_000)
+
+
+class Chunks:
+    """An async stream of `count` chunks of `size` bytes that counts how many were taken."""
+
+    def __init__(self, size: int, count: int) -> None:
+        self.size, self.count, self.taken = size, count, 0
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for _ in range(self.count):
+            self.taken += 1
+            yield b"z" * self.size
+
+
+async def test_collect_bounded_keeps_nothing_past_the_limit() -> None:
+    assert await collect_bounded(Chunks(1000, 5), None, 5000) == b"z" * 5000  # exactly: kept
+    endless = Chunks(1000, 1_000_000)
+    with pytest.raises(AttachmentTooLarge) as refused:
+        await collect_bounded(endless, 10, 4500)  # a lying declared size changes nothing
+    assert refused.value.size is None
+    assert endless.taken == 5  # the chunk that would pass the limit is the last one read
+    unread = Chunks(1000, 10)
+    with pytest.raises(AttachmentTooLarge) as declared:
+        await collect_bounded(unread, 10_000, 9_999)
+    assert declared.value.size == 10_000 and unread.taken == 0  # refused before reading
+
+
+@pytest.mark.parametrize(("header", "length"), [
+    ("1234", 1234), (" 7 ", 7), (None, None), ("", None), ("-1", None), ("12abc", None),
+    ("\u00b2", None),  # a digit to str.isdigit, not to int()
+])
+def test_declared_length_reads_only_plain_numbers(header: str | None, length: int | None) -> None:
+    assert declared_length(header) == length

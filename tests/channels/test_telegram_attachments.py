@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,7 +19,17 @@ from gateway.app import Gateway
 from gateway.store.messages import FETCHING_STATUS
 from tests.conftest import MakeConfig
 from tests.fakes import FakeOpenAI
+from tests.fakes.file_bodies import (
+    BigBody,
+    Compressed,
+    Hangup,
+    Redirect,
+    Served,
+    Stall,
+    Status,
+)
 from tests.fakes.telegram_server import FakeTelegram
+from tests.helpers.memory import MiB, PeakRss
 
 JPEG = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00" + bytes(range(256)) * 4
 OGG = b"OggS\x00\x02" + b"\x00" * 200
@@ -34,7 +45,8 @@ async def tg() -> AsyncIterator[FakeTelegram]:
 
 @asynccontextmanager
 async def running(
-    make_config: MakeConfig, tg: FakeTelegram, fake: FakeOpenAI, **sections: Any
+    make_config: MakeConfig, tg: FakeTelegram, fake: FakeOpenAI,
+    stall_timeout: float | None = None, **sections: Any,
 ) -> AsyncIterator[Gateway]:
     config = make_config(
         fake,
@@ -44,7 +56,10 @@ async def running(
         **sections,
     )
     gw = Gateway(config)
-    gw.add_channel(TelegramChannel(config.channels.telegram))
+    channel = TelegramChannel(config.channels.telegram)
+    if stall_timeout is not None:
+        channel.download_timeout = stall_timeout
+    gw.add_channel(channel)
     await gw.start()
     try:
         yield gw
@@ -287,3 +302,99 @@ async def test_an_inbox_that_leads_outside_the_workspace_is_never_written_throug
             "I could not get your photo: it could not be saved. Please try sending it again."
         )
         assert list(elsewhere.rglob("*")) == []
+
+
+HUGE = 300 * 1024 * 1024
+CAP = 4 * MiB
+
+
+@pytest.mark.parametrize(("declared", "content_length"), [
+    pytest.param(100, None, id="getFile-says-100-bytes-chunked"),
+    pytest.param(None, None, id="getFile-says-no-size-chunked"),
+    pytest.param(100, HUGE, id="getFile-says-100-bytes-header-says-300MB"),
+])
+async def test_a_huge_file_under_a_lying_size_is_refused_with_bounded_memory(
+    make_config: MakeConfig, tg: FakeTelegram, fake_llm: FakeOpenAI,
+    declared: int | None, content_length: int | None,
+) -> None:
+    body = BigBody(HUGE, content_length=content_length)
+    async with running(make_config, tg, fake_llm, attachments={"max_bytes": CAP}) as gw:
+        doc = tg.add_file(suffix=".bin", reported_size=declared, size_unknown=declared is None,
+                          served=body)
+        with PeakRss() as rss:
+            tg.private_message(USER, None, document={**doc, "file_name": "dump.bin"})
+            [answer] = await tg.wait_for_call("sendMessage", where=_to(USER))
+        if content_length is None:
+            assert answer["text"] == (
+                "I could not take dump.bin: it is larger than 4.0 MB, the most I take."
+            )
+        else:  # the Content-Length said it: refused before reading the body
+            assert answer["text"] == (
+                "I could not take dump.bin: it is 300.0 MB, and files may be at most 4.0 MB."
+            )
+        assert tg.file_downloads == ["files/file_1.bin"]
+        assert inbox_files(gw) == []
+        assert fake_llm.requests == []
+    # PTB's own download held all 300 MB (three times over) before comparing; streamed, at
+    # most the cap and a read buffer is held, and the connection is dropped right there.
+    assert rss.growth < CAP + 16 * MiB, f"grew {rss.growth / MiB:.0f} MiB"
+    assert body.written < CAP + 16 * MiB
+
+
+async def test_a_file_within_the_cap_still_arrives_whole_when_streamed(
+    make_config: MakeConfig, tg: FakeTelegram, fake_llm: FakeOpenAI
+) -> None:
+    body = BigBody(CAP)  # exactly the cap, chunked: kept, not refused
+    async with running(make_config, tg, fake_llm, attachments={"max_bytes": CAP}) as gw:
+        doc = tg.add_file(suffix=".bin", size_unknown=True, served=body)
+        tg.private_message(USER, "keep this", document={**doc, "file_name": "zeros.bin"})
+        await tg.wait_for_call("sendMessage", where=_to(USER))
+        [saved] = inbox_files(gw)
+        assert saved.stat().st_size == CAP and saved.read_bytes() == bytes(CAP)
+
+
+@pytest.mark.parametrize(("served", "why"), [
+    pytest.param(Redirect("http://127.0.0.1:9/elsewhere"),
+                 "Telegram answered HTTP 302, a redirect (not followed)", id="redirect"),
+    pytest.param(Redirect("/file/bot123456:TEST-TOKEN/files/file_1.pdf", status=301),
+                 "Telegram answered HTTP 301, a redirect (not followed)", id="redirect-home"),
+    pytest.param(Status(403), "Telegram answered HTTP 403", id="refused-403"),
+    pytest.param(Status(502), "Telegram answered HTTP 502", id="refused-502"),
+    pytest.param(Hangup(), "the download from Telegram failed (RemoteProtocolError)",
+                 id="hang-up"),
+    pytest.param(Stall(), "Telegram sent nothing for 0.3 s (ReadTimeout)", id="stall"),
+    # httpx would inflate it without a bound: asked for unencoded, a gzip body is refused.
+    pytest.param(Compressed(64 * MiB), "Telegram sent it gzip-encoded, unasked", id="gzip-bomb"),
+    pytest.param(BigBody(HUGE), None, id="too-large"),
+])
+async def test_a_failed_download_is_one_line_naming_platform_message_and_why(
+    make_config: MakeConfig, tg: FakeTelegram, fake_llm: FakeOpenAI,
+    caplog: pytest.LogCaptureFixture, served: Served, why: str | None,
+) -> None:
+    caplog.set_level(logging.INFO)
+    async with running(make_config, tg, fake_llm, stall_timeout=0.3,
+                       attachments={"max_bytes": MiB}):
+        doc = tg.add_file(suffix=".pdf", reported_size=100, served=served)
+        update = tg.private_message(USER, None, document={**doc, "file_name": "report.pdf"})
+        [answer] = await tg.wait_for_call("sendMessage", where=_to(USER))
+    message_id = update["message"]["message_id"]
+    if why is None:
+        assert answer["text"] == (
+            "I could not take report.pdf: it is larger than 1.0 MB, the most I take."
+        )
+        why = "too large; the limit is 1,048,576 bytes"
+    else:
+        assert answer["text"] == f"I could not get report.pdf: {why}. Please try sending it again."
+    lines = [r for r in caplog.records if "report.pdf" in r.getMessage()]
+    assert len(lines) == 1, [f"{r.name}: {r.getMessage()}" for r in lines]
+    [line] = lines
+    assert line.getMessage() == (
+        f"attachments: telegram attachment 'report.pdf' of message {message_id} "
+        + ("refused: " if "limit" in why else "could not be downloaded: ") + why
+    )
+    # No traceback from any part of the client side (PTB logged one for a redirect), and the
+    # file URL, which holds the bot token, is in none of the gateway's lines.
+    client_side = [r for r in caplog.records if not r.name.startswith("aiohttp")]
+    assert [r.getMessage() for r in client_side if r.exc_info or r.exc_text] == []
+    ours = [r for r in caplog.records if r.name.startswith(("gateway", "channels"))]
+    assert not [r for r in ours if tg.token in r.getMessage()]

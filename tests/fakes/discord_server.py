@@ -40,7 +40,9 @@ REST (paths are recorded relative to the API root, without ``/api/v10``):
 
 Attachments: ``attachment(filename, data)`` returns an attachment payload (for ``attachments=``
 of a message helper) whose ``url`` is served by ``GET /attachments/<id>/<filename>`` on the fake
-(discord.py fetches it with ``get_from_cdn``); ``attachment_downloads`` lists the paths served.
+(the channel fetches it on discord.py's session); ``attachment_downloads`` lists the paths
+served. ``attachment(served=…)`` answers with a `tests.fakes.file_bodies.Served` instead of the
+bytes (a 300 MB stream, a redirect, an error status, a stall).
 
 Every JSON answer carries ``Content-Type: application/json`` exactly (discord.py ignores bodies
 with a charset suffix). Anything else is a 404 with a Discord-shaped error body, and is recorded.
@@ -71,6 +73,7 @@ from typing import Any, TypeAlias
 
 from aiohttp import WSMsgType, web
 
+from tests.fakes.file_bodies import Served
 from tests.fakes.loopback import LoopbackServer
 
 __all__ = ["DISCORD_EPOCH_MS", "FakeDiscord", "RecordedCall", "snowflake"]
@@ -190,6 +193,8 @@ class FakeDiscord(LoopbackServer):
         self.attachment_files: dict[str, tuple[bytes, str]] = {}
         """URL path -> (bytes, content type) of each file `attachment` made."""
         self.attachment_downloads: list[str] = []
+        self.attachment_answers: dict[str, Served] = {}
+        """URL path -> what it answers instead of the bytes (``attachment(served=…)``)."""
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -567,12 +572,15 @@ class FakeDiscord(LoopbackServer):
         *,
         content_type: str | None = None,
         size: int | None = None,
+        served: Served | None = None,
     ) -> JSON:
         """An attachment payload whose ``url`` this fake serves (``size``: what Discord reports,
-        by default the length of ``data``)."""
+        by default the length of ``data``; ``served``: the answer instead of `data`)."""
         attachment_id = snowflake()
         path = f"/attachments/{attachment_id}/{filename}"
         self.attachment_files[path] = (data, content_type or "application/octet-stream")
+        if served is not None:
+            self.attachment_answers[path] = served
         url = f"http://{self.host}:{self.port}{path}"
         payload: JSON = {
             "id": attachment_id,
@@ -585,13 +593,16 @@ class FakeDiscord(LoopbackServer):
             payload["content_type"] = content_type
         return payload
 
-    async def _handle_attachment(self, request: web.Request) -> web.Response:
+    async def _handle_attachment(self, request: web.Request) -> web.StreamResponse:
         found = self.attachment_files.get(request.path)
         async with self._cond:
             self.attachment_downloads.append(request.path)
             self._cond.notify_all()
         if found is None:
             return web.Response(status=404, text="Not Found")
+        served = self.attachment_answers.get(request.path)
+        if served is not None:
+            return await served.respond(request)
         data, content_type = found
         return web.Response(body=data, content_type=content_type)
 

@@ -32,6 +32,8 @@ Files: ``add_file(name, data, mimetype)`` returns a ``files[]`` entry (put it in
 request with ``Authorization: Bearer xoxb-…`` (``file_token`` when set: exactly that token); any
 other request gets Slack's sign-in page (HTML, status 200), as Slack answers a token without the
 ``files:read`` scope. ``file_downloads`` records each request (path, token).
+``add_file(served=…)`` answers an authorized request with a `tests.fakes.file_bodies.Served`
+instead of the bytes (a 300 MB stream, a redirect, an error status, a stall).
 
 Slash commands: ``slash_command(text)`` builds an invocation's form body (HTTP mode: sign it
 and post it as ``application/x-www-form-urlencoded``) whose ``response_url`` is served here at
@@ -58,6 +60,7 @@ from urllib.parse import parse_qsl, urlencode
 from aiohttp import WSMsgType, web
 from slack_sdk.signature import SignatureVerifier
 
+from tests.fakes.file_bodies import Served
 from tests.fakes.loopback import LoopbackServer
 
 JSON = dict[str, Any]
@@ -388,6 +391,8 @@ class FakeSlack(LoopbackServer):
         self.file_downloads: list[tuple[str, str | None]] = []
         """(path, bearer token) of every file request."""
         self.file_token: str | None = None
+        self.file_answers: dict[str, Served] = {}
+        """url path -> what an authorized request gets instead of the bytes."""
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -430,12 +435,21 @@ class FakeSlack(LoopbackServer):
         self.messages.pop((channel, ts), None)
 
     def add_file(
-        self, name: str, data: bytes, mimetype: str, *, size: int | None = None
+        self,
+        name: str,
+        data: bytes,
+        mimetype: str,
+        *,
+        size: int | None = None,
+        served: Served | None = None,
     ) -> JSON:
-        """A ``files[]`` entry for a ``file_share`` event, its ``url_private`` served here."""
+        """A ``files[]`` entry for a ``file_share`` event, its ``url_private`` served here
+        (``size``: what the entry reports; ``served``: the answer instead of `data`)."""
         file_id = f"F{len(self.files) + 1:07d}"
         path = f"/files-pri/{self.team_id}-{file_id}/{name}"
         self.files[path] = (data, mimetype)
+        if served is not None:
+            self.file_answers[path] = served
         return {
             "id": file_id,
             "name": name,
@@ -604,7 +618,7 @@ class FakeSlack(LoopbackServer):
             return {"ok": True, "channel": channel, "ts": ts, "message": message}
         return {"ok": True}
 
-    async def _handle_file(self, request: web.Request) -> web.Response:
+    async def _handle_file(self, request: web.Request) -> web.StreamResponse:
         auth = request.headers.get("Authorization", "")
         token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else None
         async with self._cond:
@@ -620,6 +634,9 @@ class FakeSlack(LoopbackServer):
             )
         if found is None:
             return web.Response(status=404, text="file_not_found")
+        served = self.file_answers.get(request.path)
+        if served is not None:
+            return await served.respond(request)
         data, mimetype = found
         return web.Response(body=data, content_type=mimetype)
 

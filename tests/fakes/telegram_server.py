@@ -14,6 +14,9 @@ Files: ``add_file(data)`` stores bytes under a new ``file_id`` (put it in a mess
 ``document`` or ``voice``); ``getFile`` answers its ``file_path`` and ``file_size`` (an unknown
 id: ``400 Bad Request: invalid file_id``; a file over 20 MB: ``400 Bad Request: file is too
 big``, as the cloud Bot API says), and ``GET /file/bot<TOKEN>/<file_path>`` serves the bytes.
+``add_file(served=…)`` answers the file URL with a `tests.fakes.file_bodies.Served` instead (a
+300 MB stream, a redirect, an error status, a stall, a hang-up), and ``size_unknown=True``
+leaves ``file_size`` out of ``getFile`` (the Bot API may omit it).
 
 PTB sends ``application/x-www-form-urlencoded`` bodies whose values are JSON (strings are sent
 raw); each field is decoded back. ``sendMessage`` with a ``reply_parameters.message_id`` the
@@ -50,6 +53,7 @@ from typing import Any, TypeAlias
 
 from aiohttp import web
 
+from tests.fakes.file_bodies import Served
 from tests.fakes.loopback import LoopbackServer
 
 __all__ = ["Call", "FakeTelegram", "entity", "html_problem"]
@@ -139,6 +143,9 @@ class FakeTelegram(LoopbackServer):
         """file_id -> (file_path, bytes, the size getFile reports if not their length)."""
         self.file_downloads: list[str] = []
         """file_path of every file served."""
+        self.file_answers: dict[str, Served] = {}
+        """file_path -> what its URL answers instead of the bytes (``add_file(served=…)``)."""
+        self._sizes_unknown: set[str] = set()
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -237,13 +244,26 @@ class FakeTelegram(LoopbackServer):
         return not self._stopping.is_set() and transport is not None and not transport.is_closing()
 
     def add_file(
-        self, data: bytes, *, suffix: str = ".bin", reported_size: int | None = None
+        self,
+        data: bytes = b"",
+        *,
+        suffix: str = ".bin",
+        reported_size: int | None = None,
+        served: Served | None = None,
+        size_unknown: bool = False,
     ) -> JSON:
         """Store `data` as a Telegram file; returns its ``file_id``/``file_unique_id``/
-        ``file_size`` (the shape of a ``document``/``voice``/``PhotoSize`` minus their extras)."""
+        ``file_size`` (the shape of a ``document``/``voice``/``PhotoSize`` minus their extras).
+        ``reported_size``: what ``getFile`` says instead of ``len(data)``; ``size_unknown``:
+        ``getFile`` says no size; ``served``: what the file URL answers instead of `data`."""
         n = len(self.files) + 1
         file_id = f"FILE{n:04d}-{'x' * 40}"  # long, like Telegram's
-        self.files[file_id] = (f"files/file_{n}{suffix}", data, reported_size)
+        path = f"files/file_{n}{suffix}"
+        self.files[file_id] = (path, data, reported_size)
+        if served is not None:
+            self.file_answers[path] = served
+        if size_unknown:
+            self._sizes_unknown.add(file_id)
         return {"file_id": file_id, "file_unique_id": f"U{n:04d}", "file_size": len(data)}
 
     def forget_message(self, chat_id: int, message_id: int) -> None:
@@ -517,10 +537,13 @@ class FakeTelegram(LoopbackServer):
         if size > 20 * 1024 * 1024:
             return _error(400, "Bad Request: file is too big")
         file_id = str(params["file_id"])
-        return _ok({"file_id": file_id, "file_unique_id": file_id[:8], "file_size": size,
-                    "file_path": path})
+        result = {"file_id": file_id, "file_unique_id": file_id[:8], "file_size": size,
+                  "file_path": path}
+        if file_id in self._sizes_unknown:
+            del result["file_size"]
+        return _ok(result)
 
-    async def _handle_file(self, request: web.Request) -> web.Response:
+    async def _handle_file(self, request: web.Request) -> web.StreamResponse:
         if request.match_info["token"] != self.token:
             return _error(401, "Unauthorized")
         path = request.match_info["path"]
@@ -529,6 +552,9 @@ class FakeTelegram(LoopbackServer):
                 async with self._cond:
                     self.file_downloads.append(path)
                     self._cond.notify_all()
+                served = self.file_answers.get(path)
+                if served is not None:
+                    return await served.respond(request)
                 return web.Response(body=data, content_type="application/octet-stream")
         return _error(404, "Not Found")
 
