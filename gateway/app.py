@@ -347,15 +347,21 @@ class Gateway:
         if alone:
             text, problem = "", None
         key = self.keyer.key_for(msg)
-        if problem is not None:
-            await self._reply_directly(msg, key, problem)
-            return InboundResult(key, accepted=False, reason=problem)
+        # Who may talk is decided first: a stranger's empty or oversized messages get no
+        # answer beyond the refusal (at most one per window: gateway/inbound/access.py).
         decision = await self.access.check(msg)
         if decision.verdict == "reject":
-            log.log(decision.log_level, "not answering %s:%s: %s", msg.platform, msg.sender_id, decision.reason)
+            log.log(
+                decision.log_level, "not answering %s:%s: %s",
+                msg.platform, msg.sender_id, decision.reason,
+            )
             if decision.reply:
                 await self._reply_directly(msg, key, decision.reply)
             return InboundResult(key, accepted=False, reason=decision.reason)
+        if problem is not None:
+            if decision.verdict != "context":  # unmentioned group chatter gets no answer
+                await self._reply_directly(msg, key, problem)
+            return InboundResult(key, accepted=False, reason=problem)
         if not msg.is_direct and parse_command(text) is None:  # a command stays as typed
             text = f"{msg.sender_name or msg.sender_id}: {text}"  # who said it, for the model
         if text != msg.text:

@@ -143,6 +143,22 @@ async def test_a_stranger_sending_50_messages_gets_one_refusal_in_the_window(
         await gateway.stop()
 
 
+async def test_a_strangers_empty_and_oversized_messages_get_no_answer_of_their_own(
+    make_config: MakeConfig, fake_llm: FakeOpenAI
+) -> None:
+    """Who may talk is decided before what was said: a stranger's empty or too long messages
+    get the one refusal of the window, not an "empty message" reply each."""
+    gateway, tg = await gateway_with(make_config, fake_llm, dm_policy="allowlist")
+    gateway.access.refusals.clock = Clock()
+    try:
+        for text in ("   ", "x" * 200_000, "", "hello"):
+            assert not (await tg.dm("66", text)).accepted
+        assert len(tg.sent) == 1, [m.text for m in tg.sent]
+        assert "empty" not in tg.sent[0].text and "too long" not in tg.sent[0].text
+    finally:
+        await gateway.stop()
+
+
 async def test_refusal_interval_zero_answers_every_message(
     make_config: MakeConfig, fake_llm: FakeOpenAI
 ) -> None:
