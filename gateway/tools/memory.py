@@ -340,6 +340,8 @@ class MemoryFlush:
             return guest(session.key)
         assert session.id is not None
         sender = (await self.store.latest_senders(session.id)).get(session.id)
+        if sender is None and session.chat_type == "direct":
+            sender = session.chat_id  # nobody named yet: a direct chat is its person's
         return await self.scopes.caller(session.key, session.platform, session.chat_type, sender)
 
     async def _extract(self, session: SessionRow, prompt: Sequence[Message], caller: Caller) -> int:

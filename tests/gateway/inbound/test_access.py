@@ -11,18 +11,12 @@ from typing import Any
 
 import pytest
 
-from channels.base import (
-    ChannelCapabilities,
-    InboundHandler,
-    InboundMessage,
-    InboundResult,
-    OutboundMessage,
-)
 from gateway.app import Gateway
 from gateway.inbound.access import RefusalLimiter
 from gateway.store import PairingRow
 from tests.conftest import MakeConfig
 from tests.fakes import FakeOpenAI
+from tests.helpers.recording_channel import RecordingChannel
 
 _ids = itertools.count(1)
 
@@ -35,41 +29,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-class RecordingChannel:
-    """A platform stand-in at the Channel seam: records what the gateway sends."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.capabilities = ChannelCapabilities()
-        self.sent: list[OutboundMessage] = []
-        self.handler: InboundHandler | None = None
-
-    async def start(self, on_message: InboundHandler) -> None:
-        self.handler = on_message
-
-    async def stop(self) -> None:
-        return None
-
-    async def send(self, message: OutboundMessage) -> None:
-        self.sent.append(message)
-
-    async def dm(self, sender: str, text: str) -> InboundResult:
-        assert self.handler is not None
-        return await self.handler(
-            InboundMessage(platform=self.name, chat_type="direct", chat_id=sender,
-                           sender_id=sender, sender_name=f"user{sender}", text=text,
-                           platform_message_id=str(next(_ids)))
-        )
-
-    async def group(self, chat: str, sender: str, text: str, mentioned: bool) -> InboundResult:
-        assert self.handler is not None
-        return await self.handler(
-            InboundMessage(platform=self.name, chat_type="group", chat_id=chat,
-                           sender_id=sender, sender_name=f"user{sender}", text=text,
-                           was_mentioned=mentioned, platform_message_id=str(next(_ids)))
-        )
 
 
 def code_in(text: str) -> str:
