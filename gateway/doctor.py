@@ -325,6 +325,20 @@ async def _guarded(name: str, run: Callable[[], Awaitable[Check | list[Check]]])
     return result if isinstance(result, list) else [result]
 
 
+def check_owners(config: Config) -> Check:
+    """Who the agent works for: with nobody named, every remote person is a guest."""
+    owners = config.gateway.owners
+    if not owners:
+        return Check(
+            "owners", "warning",
+            "none: everyone who writes is a guest of their own conversation (the terminal "
+            "user is an owner)",
+            "Name the people the agent works for in [gateway] owners "
+            "(\"telegram:123456789\", or an identity_links name) to give them every note and file.",
+        )
+    return Check("owners", "ready", ", ".join(owners) + " (and the terminal user)")
+
+
 async def diagnose(config: Config) -> list[Check]:
     """Every check for a loaded config, in a stable order."""
     checks: list[Check] = []
@@ -338,6 +352,7 @@ async def diagnose(config: Config) -> list[Check]:
     for name, check in platforms:
         if config.channel(name).enabled:
             checks += await _guarded(name, lambda check=check: check(config))  # type: ignore[misc]
+    checks.append(check_owners(config))
     web = config.web
     if web.enabled and not web.admin_token and not web.admin_anonymous:
         checks.append(Check("admin ui", "warning", "/admin/ is off",

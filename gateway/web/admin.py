@@ -725,6 +725,7 @@ class AdminUI:
         pending = [r for r in rows if r.status == "pending" and _aware(r.expires_at) > now]
         decided = [r for r in rows if r not in pending][::-1][:50]
         return self.render("pairing.html", request, pending=pending, decided=decided,
+                           owners=self.gateway.scopes.owners,
                            message=request.query.get("message"))
 
     async def decide(self, request: web.Request) -> web.Response:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,13 @@ def test_stream_preview_keys_on_every_channel() -> None:
     assert not config.channels.discord.stream_preview  # opt-in
     with pytest.raises(ConfigError, match=r"channels.slack.stream_edit_interval_ms: .*250"):
         parse_config({"channels": {"slack": {"stream_edit_interval_ms": 100}}})
+
+
+def test_owners_are_platform_ids_or_identity_link_names() -> None:
+    ok = parse_config({"gateway": {"owners": ["telegram:42", "alice"]},
+                       "sessions": {"identity_links": {"alice": ["slack:U1"]}}}, "t")
+    assert ok.gateway.owners == ["telegram:42", "alice"]
+    for bad, says in (("bob", "no [sessions] identity_links name"),
+                      ("telegram:", "must look like 'platform:user_id'")):
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            parse_config({"gateway": {"owners": [bad]}}, "t")

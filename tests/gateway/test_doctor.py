@@ -46,13 +46,15 @@ async def test_everything_ready_against_the_fakes(
 ) -> None:
     tg, slack, dc = fakes
     config = make_config(fake_llm, channels=platforms(tg, slack, dc),
-                         web={"admin_token": "x" * 16}, memory={"embeddings": True})
+                         web={"admin_token": "x" * 16}, memory={"embeddings": True},
+                         gateway={"owners": ["telegram:123456"]})
     ensure_workspace(config.workspace)
     checks = by_name(await diagnose(config))
     assert {n: c.status for n, c in checks.items()} == {
         "database": "ready", "workspace": "ready", "memory search": "ready", "llm": "ready",
-        "telegram": "ready", "slack": "ready", "discord": "ready",
+        "telegram": "ready", "slack": "ready", "discord": "ready", "owners": "ready",
     }
+    assert checks["owners"].detail == "telegram:123456 (and the terminal user)"
     assert "use-multilingual-v3" in checks["memory search"].detail
     assert "notes 0/0" in checks["memory search"].detail
     assert "@gatehouse_bot" in checks["telegram"].detail
@@ -153,3 +155,10 @@ async def test_a_bad_config_is_the_first_and_only_problem(tmp_path: Path) -> Non
     assert [(c.name, c.status) for c in checks] == [("config", "problem")]
     assert "web.admin_tokn: unknown key" in checks[0].detail
 
+
+
+async def test_no_owners_is_a_warning_that_says_everyone_is_a_guest(make_config: MakeConfig) -> None:
+    checks = by_name(await diagnose(make_config()))
+    assert checks["owners"].status == "warning"
+    assert "everyone who writes is a guest" in checks["owners"].detail
+    assert "[gateway] owners" in checks["owners"].fix

@@ -195,6 +195,7 @@ async def test_pairing_requests_are_approved_from_the_admin_ui(admin: Admin) -> 
     ))
     status, body, _ = await admin.get("/admin/pairing", headers=BEARER)
     assert status == 200 and code in body and "Zoe" in body
+    assert "No owners are configured: every remote person is a guest." in body
     status, _, r = await admin.post(
         "/admin/pairing/decide", {"code": code, "decision": "approved"}, headers=BEARER
     )
