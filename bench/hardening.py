@@ -9,7 +9,16 @@ webhooks, a login brute force. Per endpoint it counts the 4xx answers, the 5xx a
 answers that were no refusal at all (goal 0), tracebacks in the log (goal 0) and refusals that did
 not leave exactly one log line (goal 0). Then two users post at the same moment with the same
 ``message_id``, PAIRS times, and each must get the reply to their own message: replies delivered
-to the other user's session are counted (goal 0). Exit code 1 when a goal is missed.
+to the other user's session are counted (goal 0).
+
+Then the trust boundaries (`tests/security/trust.py`): the people who share one agent trying to
+read, search or steer what belongs to another through every memory, file and scheduling tool
+and argument, from another conversation and from a group, a stranger's flood, pairing
+exhaustion, and the Slack token's destinations; per kind: refused, leaked (one of the victim's
+secrets in the answer, goal 0), lost (the attacker's own note not written, goal 0). And the
+oversized download: a 300 MB Telegram file whose size is given as 100 bytes, through the real
+SDK against the fake Bot API; the process's resident memory over it (goal: the cap plus a few
+MB). Exit code 1 when a goal is missed.
 
     .venv/bin/python bench/hardening.py [--quick] [--pairs N] [--json out.json]
 """
@@ -38,6 +47,7 @@ from tests.security.attacks import (
     serve_target,
     wrong_session_replies,
 )
+from tests.security.trust import TrustOutcome, run_trust
 
 SAME_ID_ROW = "POST /api/messages, 2 users, same message_id at once"
 
@@ -95,17 +105,89 @@ async def measure(pairs: int) -> dict[str, Any]:
         "statuses": {str(k): v for k, v in sorted(statuses.items())},
         "failures": [],
     })
+    with tempfile.TemporaryDirectory(prefix="gatehouse-trust-") as data:
+        began = time.perf_counter()
+        trust = await run_trust(Path(data))
+        trust_seconds = time.perf_counter() - began
+    with tempfile.TemporaryDirectory(prefix="gatehouse-download-") as data:
+        download = await oversized_download(Path(data))
     return {
         "attacks": len(attacks),
         "attack_seconds": round(attack_seconds, 2),
         "pairs": pairs,
         "messages_stored": stored,
         "rows": rows,
+        "trust": trust_rows(trust),
+        "trust_seconds": round(trust_seconds, 2),
+        "download": download,
+    }
+
+
+def trust_rows(outcomes: list[TrustOutcome]) -> list[dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
+    for o in outcomes:
+        row = rows.setdefault(o.attack.kind, {
+            "kind": o.attack.kind, "tried": 0, "refused": 0, "leaked": 0, "lost": 0,
+            "through": 0, "failures": [],
+        })
+        row["tried"] += 1
+        row["refused"] += o.refused
+        row["leaked"] += bool(o.leaked)
+        row["lost"] += o.lost
+        if not o.ok:
+            row["through"] += not (o.leaked or o.lost)
+            row["failures"].append(f"{o.attack.name}: {o.answer[:120]}")
+    return list(rows.values())
+
+
+async def oversized_download(data: Path) -> dict[str, Any]:
+    """A 300 MB Telegram document given as 100 bytes, cap 4 MiB: refused, memory bounded."""
+    from channels.telegram import TelegramChannel
+    from gateway.app import Gateway
+    from gateway.config import parse_config
+    from tests.fakes import FakeOpenAI
+    from tests.fakes.file_bodies import BigBody
+    from tests.fakes.telegram_server import FakeTelegram
+    from tests.helpers.memory import MiB, PeakRss
+
+    cap, huge, user = 4 * MiB, 300 * MiB, 7
+    async with FakeOpenAI() as fake, FakeTelegram() as tg:
+        config = parse_config({
+            "gateway": {"data_dir": str(data)}, "web": {"port": 0},
+            "llm": {"base_url": fake.base_url, "api_key": "x", "model": "fake-model"},
+            "memory": {"embeddings": False}, "attachments": {"max_bytes": cap},
+            "channels": {"telegram": {"enabled": True, "token": tg.token,
+                                      "base_url": tg.base_url, "dm_policy": "open"}},
+        }, "bench")
+        gateway = Gateway(config)
+        gateway.add_channel(TelegramChannel(config.channels.telegram))
+        await gateway.start()
+        try:
+            body = BigBody(huge)
+            doc = tg.add_file(suffix=".bin", reported_size=100, served=body)
+            with PeakRss() as rss:
+                tg.private_message(user, None, document={**doc, "file_name": "dump.bin"})
+                [answer] = await tg.wait_for_call("sendMessage")
+        finally:
+            await gateway.stop()
+    return {
+        "declared_bytes": 100, "body_bytes": huge, "cap_bytes": cap,
+        "rss_growth_mib": round(rss.growth / MiB, 1), "read_mib": round(body.written / MiB, 1),
+        "refused": "larger than" in answer["text"], "answer": answer["text"],
     }
 
 
 def goals_missed(result: dict[str, Any]) -> list[str]:
     missed: list[str] = []
+    for row in result.get("trust", []):
+        for key in ("leaked", "lost", "through"):
+            if row[key]:
+                missed.append(f"trust {row['kind']}: {key} = {row[key]}")
+    download = result.get("download")
+    if download is not None and (
+        not download["refused"] or download["rss_growth_mib"] > download["cap_bytes"] / 2**20 + 16
+    ):
+        missed.append(f"oversized download: {download['rss_growth_mib']} MiB, {download['answer']}")
     for row in result["rows"]:
         for key in ("5xx", "other", "tracebacks", "log_lines_off"):
             if row[key]:
@@ -145,6 +227,27 @@ def print_table(result: dict[str, Any]) -> None:
     for row in result["rows"]:
         for failure in row["failures"]:
             console.print(f"[red]{row['endpoint']}: {failure}[/red]")
+    trust = Table(title=(
+        f"trust boundaries: {sum(r['tried'] for r in result['trust'])} attempts by one person "
+        f"on what is another's ({result['trust_seconds']} s)"
+    ))
+    for col in ("kind", "tried", "refused", "leaked (goal 0)", "lost (goal 0)",
+                "got through (goal 0)"):
+        trust.add_column(col, justify="left" if col == "kind" else "right")
+    for row in result["trust"]:
+        trust.add_row(row["kind"], str(row["tried"]), str(row["refused"]), str(row["leaked"]),
+                      str(row["lost"]), str(row["through"]))
+    console.print(trust)
+    for row in result["trust"]:
+        for failure in row["failures"]:
+            console.print(f"[red]trust {row['kind']}: {failure}[/red]")
+    d = result["download"]
+    console.print(
+        f"oversized download: a {d['body_bytes'] / 2**20:.0f} MB Telegram file given as "
+        f"{d['declared_bytes']} bytes, cap {d['cap_bytes'] / 2**20:.0f} MiB: "
+        f"{'refused' if d['refused'] else 'NOT refused'}, {d['read_mib']} MiB read, resident "
+        f"memory +{d['rss_growth_mib']} MiB (goal: the cap + 16 MiB)"
+    )
 
 
 async def main() -> int:

@@ -521,6 +521,27 @@ def rows_hardening(r: dict[str, Any]) -> list[Row]:
                 f"{x['wrong_session']} / {x['unanswered']} of {x['tried']}", "0 / 0", "goal",
                 "met" if not (x["wrong_session"] or x["unanswered"]) else "missed",
             ))
+    trust = r.get("trust") or []
+    if trust:
+        tried = sum(x["tried"] for x in trust)
+        name = f"Trust boundaries, {tried} attempts on what is another person's"
+    for x in trust:
+        bad = x["leaked"] + x["lost"] + x["through"]
+        rows.append((
+            name, f"{x['kind']}: refused of tried; leaked / lost / got through",
+            f"{x['refused']} of {x['tried']}; {x['leaked']} / {x['lost']} / {x['through']}",
+            "0 / 0 / 0", "goal", "met" if not bad else "missed",
+        ))
+    d = r.get("download")
+    if d:
+        limit = d["cap_bytes"] / 2**20 + 16
+        rows.append((
+            f"Oversized download, a {d['body_bytes'] / 2**20:.0f} MB Telegram file given as "
+            f"{d['declared_bytes']} bytes",
+            "refused; resident memory growth", f"{'yes' if d['refused'] else 'no'}; "
+            f"{d['rss_growth_mib']} MiB", f"yes; ≤ {limit:.0f} MiB", "goal",
+            "met" if d["refused"] and d["rss_growth_mib"] <= limit else "missed",
+        ))
     return rows
 
 

@@ -5,6 +5,7 @@ an owner sees what a guest may not (the same data, the other side of the boundar
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from tests.security.trust import SECRETS, call, people, run_trust, trust_attacks
 
@@ -39,3 +40,23 @@ async def test_the_owner_and_alice_herself_see_what_bob_may_not(tmp_path: Path) 
         assert "Agreed, I will remember" not in await call(
             p.gateway, "memory_get", {"path": p.note_file}, p.carol.ctx
         )
+
+
+async def test_through_live_turns_bob_never_finds_alices_note(make_config: Any) -> None:
+    """The runner hands each turn its own caller: Alice's agent writes a note in her turn;
+    in Bob's turn the same search finds nothing of it, and his own note is his."""
+    from tests.conftest import started
+    from tests.fakes import FakeOpenAI, reply, tool_call
+
+    async with FakeOpenAI() as fake:
+        async with started(make_config(fake)) as rg:
+            fake.script(tool_call("memory_write", {"text": "Alice's locker is 4417."}),
+                        reply("Saved."))
+            assert await rg.ask("remember my locker is 4417", "alice") == ["Saved."]
+            fake.script(tool_call("memory_search", {"query": "locker 4417"}), reply("Nothing."))
+            assert await rg.ask("what is the locker number?", "bob") == ["Nothing."]
+            result = fake.requests[-1]["messages"][-1]
+            assert result["role"] == "tool" and "4417" not in result["content"]
+            fake.script(tool_call("memory_search", {"query": "locker 4417"}), reply("Found."))
+            assert await rg.ask("what is my locker number?", "alice") == ["Found."]
+            assert "4417" in fake.requests[-1]["messages"][-1]["content"]
