@@ -557,6 +557,10 @@ class AttachmentsSection(_Strict):
     )
 
 
+UNVERIFIED_PLATFORMS = frozenset({"webchat"})
+"""Where the sender's id is whatever the client says (the web page's visitors): never an owner."""
+
+
 class Config(_Strict):
     gateway: GatewaySection = Field(default_factory=GatewaySection)
     llm: LLMSection = Field(default_factory=LLMSection)
@@ -606,6 +610,14 @@ class Config(_Strict):
                 raise ValueError(
                     f"gateway.owners: {owner!r} is no [sessions] identity_links name; write "
                     "'platform:user_id' (e.g. 'telegram:123456') or add the link"
+                )
+            ids = [owner] if sep else self.sessions.identity_links.get(owner, [])
+            spoofable = [i for i in ids if i.partition(":")[0] in UNVERIFIED_PLATFORMS]
+            if spoofable:
+                raise ValueError(
+                    f"gateway.owners: {spoofable[0]!r}: the web page's visitors choose their own "
+                    "id (nothing proves who they are), so a webchat id cannot be an owner; name "
+                    "the person's Telegram, Slack or Discord id (the terminal user always is one)"
                 )
         return self
 

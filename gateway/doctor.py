@@ -18,7 +18,14 @@ from typing import Literal
 
 import openai
 
-from gateway.config import Config, ConfigError, load_config, redacted_url, secret_values
+from gateway.config import (
+    UNVERIFIED_PLATFORMS,
+    Config,
+    ConfigError,
+    load_config,
+    redacted_url,
+    secret_values,
+)
 from gateway.model.local_model import find_bundled_model, server_installed
 from gateway.store.faults import StorageError, storage_faults
 from memory.agents_md import AgentsFile
@@ -335,6 +342,19 @@ def check_owners(config: Config) -> Check:
             "user is an owner)",
             "Name the people the agent works for in [gateway] owners "
             "(\"telegram:123456789\", or an identity_links name) to give them every note and file.",
+        )
+    linked = [
+        f"{person} ({ident})"
+        for person, ids in config.sessions.identity_links.items()
+        for ident in ids if ident.partition(":")[0] in UNVERIFIED_PLATFORMS
+    ]
+    if linked:
+        return Check(
+            "owners", "warning",
+            ", ".join(owners) + " (and the terminal user); identity links to web-page ids: "
+            + ", ".join(linked),
+            "A webchat id is whatever the visitor types: anyone using it joins that person's "
+            "conversations and notes. Link only Telegram, Slack or Discord ids.",
         )
     return Check("owners", "ready", ", ".join(owners) + " (and the terminal user)")
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from gateway.config import Config
+from gateway.config import UNVERIFIED_PLATFORMS, Config
 from gateway.inbound.session_keys import SessionKeyer
 from memory.visibility import Visibility
 from memory.workspace import ARTIFACTS_DIR, INBOX_DIR, conversation_folder
@@ -101,8 +101,8 @@ class Scopes:
         """Whether this sender is one of the owners (the terminal user always is)."""
         if platform in OWNER_PLATFORMS:
             return True
-        if not sender_id:
-            return False
+        if not sender_id or platform in UNVERIFIED_PLATFORMS:
+            return False  # a web visitor's id is theirs to choose: never an owner
         ident = f"{platform}:{sender_id}"
         return ident in self._owner_ids or self._links.get(ident) in self._owner_people
 

@@ -47,13 +47,15 @@ def model(paths: list[str]) -> Any:
 async def test_a_300_round_turn_through_gatehouse_run(tmp_path: Path) -> None:
     run = agent_run(ROUNDS)
     workspace = tmp_path / "data" / "workspace"
-    (workspace / "logs").mkdir(parents=True)
+    # Under memory/: notes and logs there are readable from any conversation (a web visitor is
+    # never an owner, and other workspace files are the owners').
+    (workspace / "memory" / "logs").mkdir(parents=True)
     (workspace / "AGENTS.md").write_text(AGENTS_MD, encoding="utf-8")
     paths = []
     for r in range(ROUNDS):
-        name = f"logs/round-{r:03d}.log"
+        name = f"memory/logs/round-{r:03d}.log"
         if r % 9 == 4:
-            name = f"logs/missing-{r:03d}.log"  # memory_get fails: a tool error
+            name = f"memory/logs/missing-{r:03d}.log"  # memory_get fails: a tool error
         else:
             (workspace / name).write_text(run.round_messages(r)[1].text, encoding="utf-8")
         paths.append(name)
@@ -63,10 +65,9 @@ async def test_a_300_round_turn_through_gatehouse_run(tmp_path: Path) -> None:
             f'[models."fake-model"]\ncontext_window = {WINDOW}\n'
             "[context]\nsummary_timeout = 30\n",
         )
-        # The logs are the owner's workspace files: memory_get reads them for an owner only.
         text = config.read_text().replace(
             'model = "fake-model"\n', 'model = "fake-model"\nmax_tool_rounds = 1000\nstream = false\n'
-        ).replace('data_dir = "data"\n', 'data_dir = "data"\nowners = ["webchat:builder"]\n')
+        )
         config.write_text(text)
         proc = await asyncio.create_subprocess_exec(
             GATEHOUSE, "--config", str(config), "run", cwd=tmp_path, env=env(),

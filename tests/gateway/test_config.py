@@ -133,6 +133,10 @@ def test_owners_are_platform_ids_or_identity_link_names() -> None:
                        "sessions": {"identity_links": {"alice": ["slack:U1"]}}}, "t")
     assert ok.gateway.owners == ["telegram:42", "alice"]
     for bad, says in (("bob", "no [sessions] identity_links name"),
-                      ("telegram:", "must look like 'platform:user_id'")):
+                      ("telegram:", "must look like 'platform:user_id'"),
+                      ("webchat:carol", "a webchat id cannot be an owner")):
         with pytest.raises(ConfigError, match=re.escape(says)):
             parse_config({"gateway": {"owners": [bad]}}, "t")
+    with pytest.raises(ConfigError, match="a webchat id cannot be an owner"):
+        parse_config({"gateway": {"owners": ["carol"]},
+                      "sessions": {"identity_links": {"carol": ["webchat:carol"]}}}, "t")

@@ -6,7 +6,8 @@ Alice and Bob, each in a webchat conversation of their own, and a Telegram group
 conversation holds her secrets four ways: a note the agent wrote for her, the automatic
 memory-flush note quoted from what she said (the real flush, with a model that writes nothing),
 a file she sent (under her conversation's inbox folder) and a whole tool output (under her
-artifacts folder); her compacted messages are archived; she has a reminder. Carol is an owner.
+artifacts folder); her compacted messages are archived; she has a reminder. Carol (Telegram)
+is an owner; a webchat visitor who calls themselves an owner's name is not.
 `trust_attacks()` is every attempt, each a tool call as the model would make it, from Bob's
 conversation, from the group (Alice writing there too), or a stranger's flood and pairing codes,
 and the Slack token's destinations; `run_trust()` runs them and says of each whether it was
@@ -38,7 +39,7 @@ from tests.fakes.openai_server import FakeOpenAI, reply
 
 ALICE = "agent:main:webchat:direct:alice"
 BOB = "agent:main:webchat:direct:bob"
-CAROL = "agent:main:webchat:direct:carol"
+CAROL = "agent:main:telegram:direct:555"
 GROUP = "agent:main:telegram:group:-100555"
 SECRETS = (
     "12 Rue des Lilas",  # her home address, said in her conversation (the flush quotes it)
@@ -74,7 +75,7 @@ class People:
 def people_config(data_dir: Path, base_url: str) -> Config:
     return parse_config(
         {
-            "gateway": {"data_dir": str(data_dir), "owners": ["webchat:carol"]},
+            "gateway": {"data_dir": str(data_dir), "owners": ["telegram:555"]},
             "web": {"port": 0},
             "llm": {"base_url": base_url, "api_key": "test", "model": "fake-model",
                     "max_retries": 0, "timeout": 5, "stream": False},
@@ -109,7 +110,7 @@ async def people(tmp: Path) -> AsyncIterator[People]:
         try:
             alice = await _person(gateway, ALICE, "webchat", "direct", "alice", "alice")
             bob = await _person(gateway, BOB, "webchat", "direct", "bob", "bob")
-            carol = await _person(gateway, CAROL, "webchat", "direct", "carol", "carol")
+            carol = await _person(gateway, CAROL, "telegram", "direct", "555", "555")
             group = await _person(gateway, GROUP, "telegram", "group", "77", "-100555")
             in_group = await _person(gateway, GROUP, "telegram", "group", "alice", "-100555")
             planted = await _plant(gateway, config, alice)
@@ -288,6 +289,10 @@ def trust_attacks() -> list[TrustAttack]:
                     _get(lambda p: p.inbox_file, who="group"), "refuse"),
         TrustAttack("group", "the group reading the daily note",
                     _get(lambda p: p.note_file, who="group")),
+        TrustAttack("memory_search", "a web visitor calling themselves the owner",
+                    _as_visitor("555", "locker 4417")),
+        TrustAttack("memory_search", "a web visitor using the owner's telegram id as theirs",
+                    _as_visitor("telegram:555", "Rue des Lilas")),
         TrustAttack("strangers", "a stranger's 30 messages get one refusal", _stranger_flood),
         TrustAttack("strangers", "3 throwaway accounts cannot block a 4th person's code",
                     _pairing_exhaustion),
@@ -297,6 +302,17 @@ def trust_attacks() -> list[TrustAttack]:
                 "http://127.0.0.1:9/x", "https://evil.example/x"):
         attacks.append(TrustAttack("slack token", f"the token to {url}", _token_to(url), "refuse"))
     return attacks
+
+
+def _as_visitor(user_id: str, query: str) -> Callable[[People], Awaitable[str]]:
+    """A webchat visitor picks their own id: no id makes them an owner."""
+
+    async def run(p: People) -> str:
+        key = f"agent:main:webchat:direct:{user_id}"
+        person = await _person(p.gateway, key, "webchat", "direct", user_id, user_id)
+        return await call(p.gateway, "memory_search", {"query": query}, person.ctx)
+
+    return run
 
 
 async def _quota_flood(p: People) -> str:
