@@ -200,8 +200,9 @@ async def test_a_status_with_nothing_said_yet(make_config: MakeConfig) -> None:
 
 
 async def test_messages_collected_around_a_new_in_one_turn(make_config: MakeConfig) -> None:
-    """Sent while the agent was busy: the commands run in order, what came before `/new` stays
-    behind its boundary, what came after is answered by the model."""
+    """Sent while the agent was busy: what came before `/new` is answered first, in the context
+    it was sent in (its turn stops before the `/new`), the commands run in order, what came
+    after is answered in the fresh context, and the `/new` says what was answered first."""
     async with FakeOpenAI(default=summarizer_and_echo) as fake:
         rg = await start(make_config, fake)
         try:
@@ -213,14 +214,27 @@ async def test_messages_collected_around_a_new_in_one_turn(make_config: MakeConf
                         sender_id="tester", text=text, platform_message_id=f"m{i}",
                     ))
             await rg.gateway.lanes.join()
-            sent = chats(fake)[-1]["messages"]
-            assert [m["content"] for m in sent if m["role"] != "system"] == ["fresh question"]
+            before, after = chats(fake)[-2:]
+            assert [m["content"] for m in before["messages"] if m["role"] == "user"] == [
+                "old topic ORD-1", "forget this",
+            ], "answered in the context it was sent in"
+            assert [m["content"] for m in after["messages"] if m["role"] != "system"] == [
+                "fresh question"
+            ]
             shown = await show_session(rg.gateway.config, KEY, show_all=True)
             assert shown is not None
-            reply = shown.messages[-1].message.text
-            status, new, answer = reply.split("\n\n")
-            assert status.startswith("Model: ") and new.startswith("Started a fresh context")
+            replies = [m for m in shown.messages if m.message.role == "assistant"][-2:]
+            status, answer = replies[0].message.text.split("\n\n")
+            assert status.startswith("Model: ") and answer == "echo: forget this"
+            new, answer = replies[1].message.text.split("\n\n")
+            assert new.startswith(
+                "Your message sent before /new was answered first, in the earlier context. "
+                "Started a fresh context: the 4 earlier messages"
+            ), new
             assert answer == "echo: fresh question"
-            assert shown.messages[-1].status is None, "a reply with the model's answer is seen"
+            assert [m.status for m in replies] == [None, None], "replies the model's answer is in"
+            session = await rg.gateway.store.get_session(KEY)
+            assert session is not None and session.id is not None
+            assert not await rg.gateway.store.has_pending(session.id)
         finally:
             await rg.gateway.stop()
