@@ -19,7 +19,6 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 
 from channels.base import OutboundMessage
-from channels.commands import parse_command
 from context.compaction import CompactionResult, CompactionSettings, SummaryCall
 from context.engine import ContextEngine, ContextPlan, ContextSettings, TurnContext
 from context.rounds import split_units
@@ -54,7 +53,14 @@ from gateway.turn.history import (
     is_reset,
 )
 from gateway.turn.loop import ArchivedSeqs, ToolLoop
-from gateway.turn.midturn import TOOL_NOT_RUN, Arrivals, MidTurn, queue_mode
+from gateway.turn.midturn import (
+    TOOL_NOT_RUN,
+    Arrivals,
+    MidTurn,
+    is_command,
+    queue_mode,
+    starts_fresh,
+)
 from gateway.turn.notices import TurnNotices, with_cut_notice
 from gateway.turn.outbox import Deliver, DeliveryLog
 from gateway.turn.previews import PreviewStream
@@ -159,7 +165,7 @@ class Runner:
             # The claim reads the turn's history too (one transaction fewer): see `view`.
             claim = await self.store.claim_turn(
                 session_key, self._group_buffer, self.histories.known,
-                one_message=self._one_per_turn, ends_before=_starts_fresh,
+                one_message=self._one_per_turn, ends_before=starts_fresh,
             )
         except StorageError as exc:
             await self._not_stored(session_key, exc)
@@ -174,7 +180,7 @@ class Runner:
             await self._not_stored(session_key, exc, claimed)
             return False
         if claim.held_back:  # the `/new` after these says they were answered first
-            asks = [r for r in claimed if r.status != CONTEXT_STATUS and not _is_command(r)]
+            asks = [r for r in claimed if r.status != CONTEXT_STATUS and not is_command(r.content)]
             if asks:
                 self._answered_first[session_key] = len(asks)
             return True
@@ -606,16 +612,6 @@ class Runner:
 
     async def uncompact(self, session_key: str) -> CompactionRow | None:
         return await self.compactions.uncompact(session_key)
-
-
-def _is_command(row: MessageRow) -> bool:
-    return parse_command(row.content) is not None
-
-
-def _starts_fresh(row: MessageRow) -> bool:
-    """A `/new` (`/reset`): a turn's claim stops before it when others came first."""
-    found = parse_command(row.content)
-    return found is not None and found[0].name == "new"
 
 
 def largest_part(messages: list[Message]) -> str | None:
