@@ -158,7 +158,7 @@ class Holder:
 class AlreadyRunning(Exception):
     """Another process answers this SQLite data directory's messages."""
 
-    def __init__(self, holder: Holder, data_dir: Path, command: str) -> None:
+    def __init__(self, holder: Holder, guarded: Path, command: str) -> None:
         who = f"gatehouse {holder.command}" + (
             f" (pid {holder.pid})" if holder.pid is not None else " (pid unknown)"
         )
@@ -168,25 +168,25 @@ class AlreadyRunning(Exception):
             else "stop it first"
         )
         super().__init__(
-            f"{who} already runs on {data_dir} (SQLite: one gatehouse run or chat per data "
+            f"{who} already runs on {guarded} (SQLite: one gatehouse run or chat per data "
             f"directory, or every message would be answered twice); {then}, or use PostgreSQL "
             "to run several (docs/scaling.md)"
         )
         self.holder = holder
 
 
-def lock_paths(config: Config) -> list[Path]:
-    """The run lock's files: none on PostgreSQL, else the data directory's, and one beside the
-    database file when that lives elsewhere."""
+def lock_paths(config: Config) -> list[tuple[Path, Path]]:
+    """The run lock's files, each with what it guards: none on PostgreSQL, else the data
+    directory's, and one beside the database file when that lives elsewhere."""
     url = sync_url(config.database_url)
     if not url.startswith("sqlite"):
         return []
-    paths = [config.data_dir / LOCK_NAME]
+    paths = [(config.data_dir / LOCK_NAME, config.data_dir)]
     database = make_url(url).database
     if database and database != ":memory:":
         db = Path(database)
         if db.parent.resolve() != config.data_dir.resolve():
-            paths.append(db.with_name(f"{db.name}.lock"))
+            paths.append((db.with_name(f"{db.name}.lock"), db))
     return paths
 
 
@@ -196,14 +196,14 @@ def run_lock(config: Config, command: str) -> Iterator[None]:
     `AlreadyRunning`. Nothing to hold on PostgreSQL."""
     held: list[int] = []
     try:
-        for path in lock_paths(config):
+        for path, guarded in lock_paths(config):
             path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
-                raise AlreadyRunning(_holder(path), config.data_dir, command) from None
+                raise AlreadyRunning(_holder(path), guarded, command) from None
             held.append(fd)
             os.ftruncate(fd, 0)
             record = {"pid": os.getpid(), "command": command, "started": _now()}

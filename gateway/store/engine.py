@@ -276,8 +276,8 @@ class Database:
         """Before a write: refuse it when the file was deleted or replaced (`check_file`)."""
         if self._identity is not None:
             gone = self.check_file()
-            if gone is not None:
-                raise gone
+            if gone is not None:  # a new one each time: no traceback piles up on one object
+                raise StorageError(gone.problem, gone.fix)
 
     def _lost(self, what: str) -> None:
         path = self.path

@@ -1,6 +1,6 @@
 """Real storage faults for tests: SQLite's own "database or disk is full" (`PageLimit`), and a
-real full filesystem (`small_filesystem`: a tmpfs of a few MB that `gatehouse run` is started
-on, in a mount namespace of its own)."""
+real full filesystem (`in_small_filesystem`: a tmpfs of a few MB that `gatehouse run` is started
+on, in a mount namespace of its own; `fill` fills it)."""
 
 from __future__ import annotations
 
@@ -61,12 +61,18 @@ def cannot_mount_tmpfs(directory: Path) -> str | None:
     return None
 
 
-def in_small_filesystem(directory: Path, megabytes: int, argv: list[str]) -> list[str]:
-    """`argv` run with a `megabytes` MB tmpfs mounted on `directory`, seen by that process
-    alone (`unshare -rm`: a user and mount namespace; nothing is mounted for anyone else).
-    From outside, the tmpfs is reached through `/proc/<pid>/root` (`seen_by`)."""
+def in_small_filesystem(directory: Path, megabytes: int) -> list[str]:
+    """The command prefix that runs a command with a `megabytes` MB tmpfs mounted on
+    `directory`, seen by that process alone (`unshare -rm`: a user and mount namespace of its
+    own; nothing is mounted for anyone else). From outside, the tmpfs is reached through
+    `/proc/<pid>/root` (`seen_by`), and a command runs beside it with `inside`."""
     script = 'mount -t tmpfs -o size="$1"m tmpfs "$2" && shift 2 && exec "$@"'
-    return ["unshare", "-rm", "sh", "-c", script, "sh", str(megabytes), str(directory), *argv]
+    return ["unshare", "-rm", "sh", "-c", script, "sh", str(megabytes), str(directory)]
+
+
+def inside(pid: int, cwd: Path) -> list[str]:
+    """The command prefix that runs a command in process `pid`'s namespaces (its tmpfs)."""
+    return ["nsenter", "-t", str(pid), "-U", "-m", f"--wd={cwd}", "--"]
 
 
 def seen_by(pid: int, path: Path) -> Path:
