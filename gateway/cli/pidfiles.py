@@ -58,6 +58,8 @@ class ProcessRecord:
 
     def update(self, **fields: Any) -> None:
         self.fields.update(fields)
+        if self._fd < 0:
+            return  # closed: the process is stopping
         with contextlib.suppress(OSError):  # a record that cannot be written is no fault
             self._write()
 
@@ -72,7 +74,8 @@ class ProcessRecord:
         os.pwrite(self._fd, data.ljust(RECORD_BYTES - 1) + b"\n", 0)
 
     def close(self) -> None:
-        os.close(self._fd)
+        fd, self._fd = self._fd, -1
+        os.close(fd)
 
 
 @contextlib.contextmanager

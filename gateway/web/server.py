@@ -150,7 +150,9 @@ async def get_history(request: web.Request) -> web.Response:
 
 async def healthz(request: web.Request) -> web.Response:
     """200 `"status": "ok"`; 503 `"failing"` while the database is: a store step failed and no
-    write has succeeded since. What the store remembers: a probe never touches the database."""
+    write has succeeded since, or the SQLite file was deleted or replaced. What the store
+    remembers: a probe never touches the database. `unstored_turns`: sessions whose turn the
+    database refused, waiting for another try (gateway/turn/storage.py)."""
     gateway = request.app[GATEWAY_KEY]
     failure = gateway.store.failure
     return web.json_response(
@@ -159,6 +161,7 @@ async def healthz(request: web.Request) -> web.Response:
             "database": "ok" if failure is None else f"failing: {failure}",
             "llm_configured": gateway.llm.configured,
             "active_lanes": gateway.lanes.active,
+            "unstored_turns": len(gateway.runner.blocked),
             "memory_search": gateway.memory_search,
         },
         status=200 if failure is None else 503,

@@ -92,6 +92,7 @@ async def test_a_reply_that_cannot_be_stored_is_a_503_then_answered_once_space_r
     assert body["pending"] is True
     status, health = await web.health()
     assert status == 503 and "disk is full" in health["database"]
+    assert health["unstored_turns"] == 1
     assert await web.reply_to("m2") is None, "the message stays unanswered"
     key = "agent:main:webchat:direct:alice"
     session = await web.gateway.store.get_session(key)
@@ -112,7 +113,7 @@ async def test_a_reply_that_cannot_be_stored_is_a_503_then_answered_once_space_r
     asked = [b for b in fake_llm.requests if last_user_text(b) == "the long one"]
     assert len(asked) == 1, "the model's answer was kept, not asked for again"
     status, health = await web.health()
-    assert (status, health["database"]) == (200, "ok")
+    assert (status, health["database"], health["unstored_turns"]) == (200, "ok", 0)
     fault = web.gateway.store.health
     assert fault.failing is None and fault.last_fault is not None
     assert "disk is full" in fault.last_fault and fault.recovered_at is not None
