@@ -215,7 +215,10 @@ class Gateway:
                 continue  # a write cannot succeed before a restart: no try would help
             try:
                 for key in self.runner.blocked.due():
-                    self.lanes.notify(key)
+                    # A lane running now tries anyway; told again, it would run once more at
+                    # once, and a turn whose own claim cleared the fault would loop.
+                    if key not in self.lanes.busy:
+                        self.lanes.notify(key)
             except LanesClosedError:
                 return
 

@@ -50,8 +50,8 @@ class PageLimit:
 def cannot_mount_tmpfs(directory: Path) -> str | None:
     """Why a tmpfs cannot be mounted on `directory` in a namespace of its own here (None: it
     can; nothing stays mounted)."""
-    if shutil.which("unshare") is None:
-        return "no unshare(1) here"
+    if shutil.which("unshare") is None or shutil.which("nsenter") is None:
+        return "no unshare(1) or nsenter(1) here"
     probe = subprocess.run(
         ["unshare", "-rm", "mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(directory)],
         capture_output=True, text=True, check=False,
