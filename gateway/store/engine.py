@@ -282,9 +282,13 @@ class Database:
     def _lost(self, what: str) -> None:
         path = self.path
         assert path is not None
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None  # no loop to save the copy on (a caller outside the gateway)
         source = self._open_connection()
         rescued: Path | None = None
-        if source is not None and path.parent.is_dir():
+        if loop is not None and source is not None and path.parent.is_dir():
             stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
             rescued = path.with_name(f"{path.name}.rescued-{stamp}")
         if rescued is None:
@@ -303,9 +307,7 @@ class Database:
             f"{path} was {what} while the gateway ran: it takes no more turns", fix
         )
         self._set_failure(str(self._gone), permanent=True)
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
+        if loop is None or rescued is None:
             log.error("%s", self._gone)
             return
         task = loop.create_task(self._rescue(source, rescued))
@@ -317,13 +319,10 @@ class Database:
         None: a new one would open whatever is at the path now."""
         return self._inline if self._inline is not None else next(iter(self._held), None)
 
-    async def _rescue(self, source: Any, target: Path | None) -> None:
+    async def _rescue(self, source: Any, target: Path) -> None:
         """Copy what `source` still reads (the old file, its write-ahead log included) to
         `target` with SQLite's backup, on the database thread (the connection is used by no
         other step meanwhile), then log the one line that says what happened."""
-        if source is None or target is None:
-            log.error("%s", self._gone)
-            return
 
         def copy() -> None:
             with contextlib.closing(sqlite3.connect(target)) as copy_to:
@@ -332,8 +331,13 @@ class Database:
         try:
             await self.run(copy)
         except Exception as exc:
-            log.error("%s (saving the open copy as %s failed: %s)", self._gone, target, exc)
-            return
+            assert self._gone is not None and self.path is not None
+            self._gone = StorageError(
+                self._gone.problem,
+                f"stop the gateway and restore {self.path} from a backup (saving what it had "
+                f"open as {target.name} failed: {exc})",
+            )
+            self._set_failure(str(self._gone), permanent=True)
         log.error("%s", self._gone)
 
     def _failed(self, exc: Exception) -> Exception:

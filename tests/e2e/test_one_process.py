@@ -61,12 +61,10 @@ async def test_a_second_run_or_a_chat_on_the_same_sqlite_data_dir_is_refused(
         assert sorted(r for rs in replies for r in rs) == sorted(f"re: q{n}" for n in range(12))
         assert len(fake_llm.requests) == 12
 
-        for command in (["sessions", "list"], ["jobs", "list"], ["outbox", "list"]):
-            code, out, err = await run_cli("--config", str(config), *command, cwd=tmp_path)
-            assert code == 0, (command, err)
-        assert "user0" in (await run_cli(
-            "--config", str(config), "sessions", "list", cwd=tmp_path
-        ))[1]
+        code, out, err = await run_cli("--config", str(config), "sessions", "list", cwd=tmp_path)
+        assert code == 0 and "user11" in out, err  # reads and operations work next to it
+        code, out, err = await run_cli("--config", str(config), "outbox", "list", cwd=tmp_path)
+        assert code == 0, err
     finally:
         assert await stop_run(first) == 0
 

@@ -18,6 +18,9 @@ import aiohttp
 import pytest
 
 from gateway.app import Gateway
+from gateway.store import MessageRow
+from gateway.store.faults import StorageError
+from gateway.turn.storage import StorageBlocks
 from gateway.web.server import WebServer, build_app
 from tests.conftest import MakeConfig, RunningGateway, on_postgres
 from tests.fakes import FakeOpenAI, Reply, last_user_text
@@ -121,3 +124,23 @@ async def test_a_reply_that_cannot_be_stored_is_a_503_then_answered_once_space_r
     assert (status, body["replies"]) == (200, [BIG])
     status, body, _s = await web.post("and now?", "m3")
     assert (status, body["replies"]) == (200, ["re: and now?"])
+
+
+def test_blocked_sessions_wait_their_delay_or_go_at_once_after_a_write() -> None:
+    blocks = StorageBlocks(delays=(30.0, 60.0))
+    fault = StorageError("cannot write data/gatehouse.db: the disk is full", "free some space")
+    row = MessageRow(
+        session_id=1, role="user", content="hi", platform="webchat", chat_id="alice",
+        platform_message_id="m1",
+    )
+    blocks.block("k", fault, [row])
+    assert blocks.reason_for("webchat", "alice", "m1") == str(fault)
+    assert blocks.reason_for("webchat", "bob", "m1") is None, "keyed by chat too"
+    assert blocks.due() == [] and blocks.tries("k") == 1
+    blocks.hurry()  # a write succeeded somewhere
+    assert blocks.due() == ["k"]
+    assert blocks.due() == [], "due again only after its delay"
+    blocks.block("k", fault)
+    assert blocks.tries("k") == 2 and blocks.reason_for("webchat", "alice", "m1") is not None
+    blocks.stored("k")
+    assert "k" not in blocks and blocks.reason_for("webchat", "alice", "m1") is None
