@@ -42,7 +42,7 @@ from gateway.model.sizing import ContextResolver
 from gateway.model.summarizer import make_summary_call, summary_provider
 from gateway.reload import ReloadPlan, apply_reload, reload_plan
 from gateway.store import CompactionRow, SessionInfo, SessionRow, Store
-from gateway.store.faults import storage_faults
+from gateway.store.faults import StorageHealth, storage_faults
 from gateway.store.messages import CONTEXT_STATUS, FETCHING_STATUS
 from gateway.tools.history import HistoryTools
 from gateway.tools.memory import MemoryFlush, MemoryTools
@@ -52,11 +52,16 @@ from gateway.tools.scope import Scopes
 from gateway.turn.outbox import SENT, Delivery, DeliveryLog, failure_text
 from gateway.turn.previews import Previews
 from gateway.turn.runner import Runner, TurnHooks, compaction_blocked_reason
+from gateway.turn.storage import ReplyNotStoredError
 from memory.embeddings import shared_encoder
 from memory.index import ArchivedMessage, MemoryIndex, RefreshStats
 from memory.workspace import ensure_workspace
 
 log = logging.getLogger(__name__)
+
+STORAGE_WATCH_SECONDS = 1.0
+"""How often a running gateway checks that its SQLite file is still the one it opened, and
+whether a session the database refused is due for another try (gateway/turn/storage.py)."""
 
 
 class EmbeddingProgress:
@@ -173,6 +178,9 @@ class Gateway:
         self.llm.show_workspace_images(config.workspace)  # photos, to a vision model
         self._started = False
         self._sweeper: asyncio.Task[None] | None = None
+        self._storage_watch: asyncio.Task[None] | None = None
+        self._storage_changed = asyncio.Event()
+        self.store.watch(self._storage_health)
         self._encoder_task: asyncio.Task[None] | None = None
 
     def add_channel(self, channel: Channel) -> None:
@@ -180,7 +188,44 @@ class Gateway:
         if isinstance(channel, AnswersRequests):
             # A caller waiting for a reply can find it stored (a repeat, or a reply sent
             # elsewhere): see `channels.base.ReplyWaiters`.
-            channel.stored_reply = partial(self.store.reply_to, channel.name)
+            channel.stored_reply = partial(self._stored_reply, channel.name)
+
+    async def _stored_reply(
+        self, platform: str, chat_id: str, message_id: str
+    ) -> list[str] | None:
+        """The stored reply to a message a caller waits for (`ReplyWaiters`); a
+        `ReplyNotStoredError` once the database refused its turn, so the caller hears of it now
+        rather than at its timeout (the message stays and is answered later)."""
+        reason = self.runner.blocked.reason_for(platform, chat_id, message_id)
+        if reason is not None:
+            raise ReplyNotStoredError(reason)
+        return await self.store.reply_to(platform, chat_id, message_id)
+
+    def _storage_health(self, health: StorageHealth) -> None:
+        """The database works again (a write succeeded): every refused session is tried now."""
+        if health.failing is None:
+            self.runner.blocked.hurry()
+            self._storage_changed.set()
+
+    async def _watch_storage(self) -> None:
+        """Run the turns the database refused again when due (gateway/turn/storage.py), and
+        notice a SQLite file deleted or replaced under the running gateway even while nothing
+        is written (`Store.check_file`: logged, `/healthz` 503, no more turns)."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(STORAGE_WATCH_SECONDS):
+                    await self._storage_changed.wait()
+            self._storage_changed.clear()
+            if self.store.check_file() is not None:
+                continue  # a write cannot succeed before a restart: no try would help
+            try:
+                for key in self.runner.blocked.due():
+                    # A lane running now tries anyway; told again, it would run once more at
+                    # once, and a turn whose own claim cleared the fault would loop.
+                    if key not in self.lanes.busy:
+                        self.lanes.notify(key)
+            except LanesClosedError:
+                return
 
     def reload_config(self, new: Config, started_from: Config) -> ReloadPlan:
         """Apply what a reload may change while running: history limits and access lists,
@@ -264,6 +309,7 @@ class Gateway:
             log.info("resuming unanswered messages in %s", session.key)
             self.lanes.notify(session.key)
         self._sweeper = asyncio.create_task(self._sweep_pending(), name="pending-sweep")
+        self._storage_watch = asyncio.create_task(self._watch_storage(), name="storage-watch")
         await self.intake.resume()  # downloads a stop interrupted
         if self.config.scheduler.enabled:
             await self.scheduler.start(self, self.maintenance.jobs())
@@ -317,9 +363,10 @@ class Gateway:
             self._leader_watch.cancel()
             self._leader_watch = None
         await self.leadership.release()
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            self._sweeper = None
+        for task in (self._sweeper, self._storage_watch):
+            if task is not None:
+                task.cancel()
+        self._sweeper = self._storage_watch = None
         await self.intake.close(grace)
         await self.lanes.close(grace)
         await self.delivery.close()

@@ -3,7 +3,9 @@
 Validates the config, then makes one harmless call per dependency through the same SDKs the
 gateway uses, honouring the configured base URLs: Telegram `getMe`, Slack `auth.test`,
 Discord `GET /users/@me`, the LLM endpoint's model list (or a 1-token completion when the
-server has no model list), the database, the workspace and its search index.
+server has no model list), the database, the workspace and its search index; and, for each
+`gatehouse run` on the data directory, what it saw of its database (a fault failing now, or the
+last one and when it cleared: the process's pid file, `gateway/cli/pidfiles.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Literal
 
 import openai
 
+from gateway.cli.pidfiles import gateway_records
 from gateway.config import (
     UNVERIFIED_PLATFORMS,
     Config,
@@ -27,7 +30,7 @@ from gateway.config import (
     secret_values,
 )
 from gateway.model.local_model import find_bundled_model, server_installed
-from gateway.store.faults import StorageError, storage_faults
+from gateway.store.faults import StorageError, StorageHealth, storage_faults
 from memory.agents_md import AgentsFile
 
 Status = Literal["ready", "warning", "problem"]
@@ -81,6 +84,39 @@ async def check_database(config: Config) -> list[Check]:
         )]
     finally:
         await store.close()
+
+
+def check_running(config: Config) -> list[Check]:
+    """Each `gatehouse run` on this data directory and its database's health as it saw it: a
+    fault that fails now is a problem, one that came and went a warning (it may come back)."""
+    checks: list[Check] = []
+    for record in gateway_records(config.data_dir):
+        who = f"gatehouse run (pid {record['pid']})"
+        health = StorageHealth.from_dict(record.get("storage"))
+        if health.failing is not None:
+            checks.append(Check(
+                "gateway", "problem",
+                f"{who}: the database fails since {health.since}: {health.failing}",
+                "Do what the detail says. Until restarted, the gateway takes no more turns."
+                if health.permanent else
+                "Do what the detail says; the gateway tries again by itself and answers the "
+                "waiting messages once a write succeeds (nobody needs to write again).",
+            ))
+        elif health.last_fault is not None:
+            checks.append(Check(
+                "gateway", "warning",
+                f"{who}: the database failed at {health.last_fault_at} ({health.last_fault}); "
+                f"it works again since {health.recovered_at}",
+                "Nothing waits because of it now; make sure the cause (a full disk…) cannot "
+                "come back.",
+            ))
+        else:
+            where = f", web {record['url']}" if isinstance(record.get("url"), str) else ""
+            checks.append(Check(
+                "gateway", "ready",
+                f"{who} since {record.get('started', '?')}{where}: no database fault",
+            ))
+    return checks
 
 
 async def check_workspace(config: Config) -> Check:
@@ -363,6 +399,7 @@ async def diagnose(config: Config) -> list[Check]:
     """Every check for a loaded config, in a stable order."""
     checks: list[Check] = []
     checks += await _guarded("database", lambda: check_database(config))
+    checks += check_running(config)
     checks += await _guarded("workspace", lambda: check_workspace(config))
     checks += await _guarded("memory search", lambda: check_memory_search(config))
     checks += await _guarded("llm", lambda: check_llm(config))

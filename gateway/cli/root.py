@@ -4,9 +4,11 @@ config-check."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
+from collections.abc import Iterator
 from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
@@ -36,7 +38,7 @@ from gateway.cli.common import (
     state,
     with_bundled_model,
 )
-from gateway.cli.pidfiles import pid_file, pids_dir, running_gateways
+from gateway.cli.pidfiles import AlreadyRunning, pid_file, pids_dir, run_lock, running_gateways
 from gateway.config import DEFAULT_CONFIG_NAME, Config, ConfigError, load_config, redacted_url
 from gateway.logging_setup import SECRETS, config_secrets, setup_logging
 from gateway.model.llm import NOT_CONFIGURED
@@ -113,12 +115,17 @@ async def _serve(config: Config) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, _Reloads(gateway, started_from).request)
-    with pid_file(config.data_dir):  # from here on, `gatehouse reload` finds this process
+    # From here on, `gatehouse reload` finds this process, and `gatehouse doctor` what it saw
+    # of its database.
+    with pid_file(config.data_dir) as record:
+        record.update(storage=gateway.store.health.as_dict())
+        gateway.store.watch(lambda health: record.update(storage=health.as_dict()))
         if config.web.enabled:
             web_app = build_app(gateway, webchat)
             add_channel_routes(web_app, platforms)
             server = WebServer(web_app, config.web.host, config.web.port)
             url = await server.start()
+            record.update(url=url)
             log.info("web chat on %s/ (POST %s/api/messages)", url, url)
             print(f"gatehouse listening on {url}", flush=True)
         log.info("gateway running (database %s, workspace %s)",
@@ -191,11 +198,24 @@ def run() -> None:
     setup_logging(state.log_level)
     config = load()
     try:
-        asyncio.run(with_bundled_model(config, _serve))
+        with _alone(config, "run"):
+            asyncio.run(with_bundled_model(config, _serve))
     except OSError as exc:
         if storage_error(exc) is not None:
             raise  # a data file: the storage line (`Commands`)
         fail("cannot start", str(exc), 1)
+
+
+@contextlib.contextmanager
+def _alone(config: Config, command: str) -> Iterator[None]:
+    """The SQLite run lock for a command that answers messages (`run`, `chat`): a second one
+    on the same data directory is refused with one line naming the first's pid."""
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(run_lock(config, command))
+        except AlreadyRunning as exc:
+            fail("cannot start", str(exc), 1)
+        yield
 
 
 @app.command()
@@ -266,7 +286,8 @@ def chat(
     """Chat with the agent in the terminal."""
     quiet_logging("WARNING")
     config = load()
-    code = asyncio.run(with_bundled_model(config, lambda c: _chat(c, user, message)))
+    with _alone(config, "chat"):  # it answers what waits in the store too
+        code = asyncio.run(with_bundled_model(config, lambda c: _chat(c, user, message)))
     raise typer.Exit(code)
 
 

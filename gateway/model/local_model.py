@@ -5,7 +5,8 @@ When no `[llm]` endpoint is configured, `gatehouse run` and `gatehouse chat` sta
 the provider at it — the same openai provider path as any real endpoint — so a newcomer gets
 real (if poor) answers before creating any account. Without the `local` extra nothing changes:
 the gateway says how to configure an endpoint. Processes on one data directory share one server
-(`gateway.model.local_share`): `gatehouse chat` talks to the one `gatehouse run` started.
+(`gateway.model.local_share`): `sessions compact` (or, on PostgreSQL, `gatehouse chat`) talks
+to the one `gatehouse run` started.
 """
 
 from __future__ import annotations

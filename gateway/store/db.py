@@ -15,7 +15,8 @@ from pathlib import Path
 
 from gateway.store.attachments import AttachmentRepository
 from gateway.store.compactions import CompactionRepository
-from gateway.store.engine import Database
+from gateway.store.engine import Database, HealthWatcher
+from gateway.store.faults import StorageError, StorageHealth
 from gateway.store.locks import Locks
 from gateway.store.messages import MessageRepository
 from gateway.store.outbox import OutboxRepository
@@ -132,6 +133,24 @@ class Store:
     def failure(self) -> str | None:
         """Why the last store step failed, while no write has succeeded since; else None."""
         return self.database.failure
+
+    @property
+    def health(self) -> StorageHealth:
+        """What this process saw of the database's faults (`Database.watch`)."""
+        return self.database.health
+
+    @property
+    def gone(self) -> bool:
+        """The SQLite file was deleted or replaced while running: no write until a restart."""
+        return self.database.gone
+
+    def watch(self, watcher: HealthWatcher) -> None:
+        """Be told of each change of `health` (`Database.watch`)."""
+        self.database.watch(watcher)
+
+    def check_file(self) -> StorageError | None:
+        """SQLite: whether the file was deleted or replaced (`Database.check_file`)."""
+        return self.database.check_file()
 
     async def init(self) -> None:
         """Open (creating the SQLite file and its directory) and migrate; a storage fault

@@ -15,7 +15,15 @@ steps (the ORM) run on a small thread pool (psycopg, `[gateway] database_threads
 
 A step that fails on a storage fault (gateway/store/faults.py) raises a `StorageError` naming
 the database and what to do; the last failure is remembered until a write succeeds again, so
-`/healthz` reports it without touching the database (`Database.failure`).
+`/healthz` reports it without touching the database (`Database.failure`), and whoever watches
+(`Database.watch`: the pid file `gatehouse doctor` reads, the gateway's retries) hears of each
+change.
+
+A SQLite file deleted or replaced while the process runs would take every later write into a
+file nobody will ever open again (the open descriptor still points at the old one). Before
+each write the path is compared with the file opened (device and inode, one `stat`); once they
+differ the database refuses writes for the rest of the process, its open copy is saved beside
+the path, and one line says what to do (`Database.check_file`).
 """
 
 from __future__ import annotations
@@ -24,10 +32,13 @@ import asyncio
 import collections
 import contextlib
 import logging
+import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,7 +49,13 @@ from sqlalchemy.orm import configure_mappers
 from sqlmodel import Session
 
 from gateway.config import redacted_url, sync_url
-from gateway.store.faults import StorageError, damaged, storage_error, storage_faults
+from gateway.store.faults import (
+    StorageError,
+    StorageHealth,
+    damaged,
+    storage_error,
+    storage_faults,
+)
 from gateway.store.hot import Dialect, HotPath
 from gateway.store.postgres import Connections, run_step
 from gateway.store.schema import migrate
@@ -50,6 +67,10 @@ T = TypeVar("T")
 CHECKPOINT_EVERY = 200
 """Inline SQLite write transactions between WAL checkpoints (SQLite's own autocheckpoint
 threshold is reached after about this many turns)."""
+
+
+HealthWatcher = Callable[[StorageHealth], None]
+"""Told of each change of the database's health (called on the event loop)."""
 
 
 LOCK_CONNECTIONS = 8
@@ -136,6 +157,13 @@ class Database:
         self.where: Path | str = self.path or redacted_url(url)
         """How errors name this database: its SQLite file, or its URL without the password."""
         self._failure: str | None = None  # see `failure`
+        self.health = StorageHealth()
+        """What this process saw of the database's faults (see `watch`)."""
+        self._watchers: list[HealthWatcher] = []
+        self._failed_at = 0.0  # monotonic time of the current failure's first step
+        self._identity: tuple[int, int] | None = None  # the SQLite file opened: device, inode
+        self._gone: StorageError | None = None  # see `check_file`
+        self._rescues: set[asyncio.Task[None]] = set()
 
     @property
     def path(self) -> Path | None:
@@ -156,13 +184,17 @@ class Database:
         with storage_faults(self.where):
             if self.path is not None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-            return await self.run(self._migrate)
+            status = await self.run(self._migrate)
+        if self.path is not None and self._identity is None:
+            with contextlib.suppress(OSError):  # gone already: the first write says so
+                found = os.stat(self.path)
+                self._identity = (found.st_dev, found.st_ino)
+        self._succeeded()
+        return status
 
     def _migrate(self) -> str:
         with self._writer.begin() as conn:
-            status = migrate(conn)
-        self._failure = None
-        return status
+            return migrate(conn)
 
     async def verify(self) -> None:
         """SQLite: `PRAGMA quick_check` (every page read once), so a damaged file is refused at
@@ -185,9 +217,128 @@ class Database:
 
     @property
     def failure(self) -> str | None:
-        """Why the last step failed, while no write has succeeded since; else None.
-        Remembered, not probed: reading it costs nothing."""
+        """Why the last step failed, while no write has succeeded since (or for good: the file
+        was deleted or replaced); else None. Remembered, not probed: reading it costs nothing
+        but the `stat` of the file (`check_file`)."""
+        self.check_file()
         return self._failure
+
+    @property
+    def gone(self) -> bool:
+        """The SQLite file was deleted or replaced while this process ran: writes are refused
+        until a restart."""
+        return self._gone is not None
+
+    def watch(self, watcher: HealthWatcher) -> None:
+        """Call `watcher` with `health` whenever it changes: a step fails (with another reason
+        than before), or a write succeeds after a failure."""
+        self._watchers.append(watcher)
+
+    def _set_failure(self, reason: str | None, *, permanent: bool = False) -> None:
+        """Remember (or, with None, clear) the failure; tell the watchers of a change."""
+        if reason == self._failure or (reason is None and self._gone is not None):
+            return
+        if reason is None:
+            log.info(
+                "the database %s works again (it failed for %.0f s: %s)",
+                self.where, time.monotonic() - self._failed_at, self._failure,
+            )
+            self.health.recovered()
+        else:
+            if self._failure is None:
+                self._failed_at = time.monotonic()
+            self.health.failed(reason, permanent=permanent)
+        self._failure = reason
+        for watcher in self._watchers:
+            try:
+                watcher(self.health)
+            except Exception:  # a watcher's bug must not fail a database step
+                log.exception("a database health watcher failed")
+
+    def _succeeded(self) -> None:
+        """A write committed: a failure remembered so far is over (one check when there is
+        none)."""
+        if self._failure is not None:
+            self._set_failure(None)
+
+    def check_file(self) -> StorageError | None:
+        """SQLite: the StorageError to raise when the file at the path is no longer the file
+        this process opened (deleted, or replaced by another), else None. The first time, it
+        is remembered for good (writes are refused from then on, `/healthz` says so), the open
+        copy is saved beside the path (`_rescue`) and one line is logged."""
+        if self._gone is None and self._identity is not None and self.path is not None:
+            what = _file_change(self.path, self._identity)
+            if what is not None:
+                self._lost(what)
+        return self._gone
+
+    def _writable(self) -> None:
+        """Before a write: refuse it when the file was deleted or replaced (`check_file`)."""
+        if self._identity is not None:
+            gone = self.check_file()
+            if gone is not None:  # a new one each time: no traceback piles up on one object
+                raise StorageError(gone.problem, gone.fix)
+
+    def _lost(self, what: str) -> None:
+        path = self.path
+        assert path is not None
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None  # no loop to save the copy on (a caller outside the gateway)
+        source = self._open_connection()
+        rescued: Path | None = None
+        if loop is not None and source is not None and path.parent.is_dir():
+            stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+            rescued = path.with_name(f"{path.name}.rescued-{stamp}")
+        if rescued is None:
+            fix = f"stop the gateway and restore {path} from a backup"
+        elif what == "deleted":
+            fix = (
+                f"stop the gateway, move {rescued.name} (what it had open) to {path}, then "
+                "start it again"
+            )
+        else:
+            fix = (
+                f"restart the gateway to use the new {path.name}, or stop it and move "
+                f"{rescued.name} (what it had open) into its place first to keep the old one"
+            )
+        self._gone = StorageError(
+            f"{path} was {what} while the gateway ran: it takes no more turns", fix
+        )
+        self._set_failure(str(self._gone), permanent=True)
+        if loop is None or rescued is None:
+            log.error("%s", self._gone)
+            return
+        task = loop.create_task(self._rescue(source, rescued))
+        self._rescues.add(task)
+        task.add_done_callback(self._rescues.discard)
+
+    def _open_connection(self) -> Any:
+        """A connection opened before the file went away (it still reads the old file), or
+        None: a new one would open whatever is at the path now."""
+        return self._inline if self._inline is not None else next(iter(self._held), None)
+
+    async def _rescue(self, source: Any, target: Path) -> None:
+        """Copy what `source` still reads (the old file, its write-ahead log included) to
+        `target` with SQLite's backup, on the database thread (the connection is used by no
+        other step meanwhile), then log the one line that says what happened."""
+
+        def copy() -> None:
+            with contextlib.closing(sqlite3.connect(target)) as copy_to:
+                source.driver_connection.backup(copy_to)
+
+        try:
+            await self.run(copy)
+        except Exception as exc:
+            assert self._gone is not None and self.path is not None
+            self._gone = StorageError(
+                self._gone.problem,
+                f"stop the gateway and restore {self.path} from a backup (saving what it had "
+                f"open as {target.name} failed: {exc})",
+            )
+            self._set_failure(str(self._gone), permanent=True)
+        log.error("%s", self._gone)
 
     def _failed(self, exc: Exception) -> Exception:
         """A step failed with `exc`: remember a database error for `failure`, and give the
@@ -200,13 +351,16 @@ class Database:
             reason = (str(driver).strip() or type(driver).__name__).splitlines()[0]
         else:
             reason = str(fault)
-        self._failure = reason[:500]
+        if self._gone is None:
+            self._set_failure(reason[:500])
         if fault is None or fault is exc:
             return exc
         fault.__cause__ = exc
         return fault
 
     async def close(self) -> None:
+        if self._rescues:  # the open copy of a deleted file: saved before its connection closes
+            await asyncio.gather(*self._rescues, return_exceptions=True)
         for connections in (self.connections, self.lock_connections):
             if connections is not None:
                 await connections.close()
@@ -293,14 +447,15 @@ class Database:
 
     async def write(self, fn: Callable[[Session], T]) -> T:
         """Run `fn` in one write transaction: committed on success, rolled back on error."""
+        self._writable()
 
         def step() -> T:
             with Session(self._writer, expire_on_commit=False) as db, db.begin():
-                result = fn(db)
-            self._failure = None
-            return result
+                return fn(db)
 
-        return await self.run(step)
+        result = await self.run(step)
+        self._succeeded()
+        return result
 
     async def fast(
         self, fn: Callable[[Any], T], *, write: bool = False, autocommit: bool = False
@@ -316,6 +471,8 @@ class Database:
         order, so steps never overtake each other; sending it to the thread instead would queue
         every later step there too, each then paying the hop. See the module docstring for why.
         """
+        if write:
+            self._writable()
         if self.is_sqlite:
             if self._busy or self._waiting or self._released:
                 await self._my_turn()
@@ -336,6 +493,8 @@ class Database:
                 raise
             else:
                 self._next()
+                if write:
+                    self._succeeded()
                 return result
 
         if self.connections is not None:
@@ -348,7 +507,10 @@ class Database:
                 self._held.append(conn)
             return self._transaction(conn, fn, write)
 
-        return await self.run(step)
+        result = await self.run(step)
+        if write:
+            self._succeeded()
+        return result
 
     async def _postgres_step(
         self, connections: Connections, fn: Callable[[Any], T], write: bool, autocommit: bool
@@ -367,7 +529,7 @@ class Database:
                 raise self._failed(exc)  # noqa: B904  (_failed chains a StorageError to exc)
             raise
         if write:
-            self._failure = None
+            self._succeeded()
         return result
 
     def _transaction(self, conn: Any, fn: Callable[[Any], T], write: bool) -> T:
@@ -377,8 +539,6 @@ class Database:
                 cursor.execute("BEGIN IMMEDIATE")
             result = fn(cursor)
             conn.commit()
-            if write:
-                self._failure = None
         except BaseException:
             conn.rollback()
             for forget in self._on_rollback:
@@ -418,10 +578,24 @@ class Database:
             with self.engine.connect() as conn:
                 conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
 
+        if self.check_file() is not None:
+            return  # nothing of the old file is worth moving about
         try:
             await self.run(step)
         except Exception:
             log.warning("SQLite WAL checkpoint failed; the next one retries", exc_info=True)
+
+
+def _file_change(path: Path, opened: tuple[int, int]) -> str | None:
+    """What happened to the file at `path` since the one with (device, inode) `opened` was
+    opened there: "deleted", "replaced by another file", or None (still the same)."""
+    try:
+        found = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return "deleted"
+    except OSError:
+        return None  # cannot tell (its directory's permissions changed): a write will say
+    return None if (found.st_dev, found.st_ino) == opened else "replaced by another file"
 
 
 def _is_locked(exc: sqlite3.OperationalError) -> bool:

@@ -7,6 +7,9 @@ disk, a PostgreSQL server that does not answer), the driver's exception becomes 
 `StorageError` that names the file and the fix: the CLI prints that one line and exits 2
 (`gateway.cli`), `gatehouse doctor` shows it, and `/healthz` reports it once a store step
 failed. Anything else (a bug) keeps its traceback.
+
+`StorageHealth` is what a running process remembers of its database's faults: the one failing
+now, and the last one after it cleared (`gatehouse doctor` reads it from the process's pid file).
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ import shlex
 import socket
 import sqlite3
 from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
@@ -40,6 +46,56 @@ class StorageError(Exception):
         super().__init__(f"{problem}; {fix}")
         self.problem = problem
         self.fix = fix
+
+
+@dataclass(slots=True)
+class StorageHealth:
+    """A process's database health as it saw it: what fails now, and the last fault after it
+    cleared, so an operator learns of a fault that came and went (`gatehouse doctor`)."""
+
+    failing: str | None = None
+    """Why the database fails now (a step failed and no write has succeeded since), or None."""
+    since: str | None = None
+    """When the current failure began (ISO 8601, UTC)."""
+    last_fault: str | None = None
+    """The latest failure, kept once it cleared."""
+    last_fault_at: str | None = None
+    recovered_at: str | None = None
+    """When a write last succeeded after a failure (None while failing, or never failed)."""
+    permanent: bool = False
+    """The database file was deleted or replaced: only a restart (after restoring it) helps."""
+
+    def failed(self, reason: str, *, permanent: bool = False) -> None:
+        now = _now()
+        if self.failing is None:
+            self.since = now
+        self.failing = self.last_fault = reason
+        self.last_fault_at = now
+        self.recovered_at = None
+        self.permanent = self.permanent or permanent
+
+    def recovered(self) -> None:
+        self.failing = self.since = None
+        self.recovered_at = _now()
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> StorageHealth:
+        """Read back from `as_dict` (a process's pid file); what is not a string is left out."""
+        if not isinstance(data, dict):
+            return cls()
+        text = {k: v for k, v in data.items() if isinstance(v, str)}
+        return cls(
+            failing=text.get("failing"), since=text.get("since"),
+            last_fault=text.get("last_fault"), last_fault_at=text.get("last_fault_at"),
+            recovered_at=text.get("recovered_at"), permanent=data.get("permanent") is True,
+        )
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def database_where(url: str) -> Path | str:

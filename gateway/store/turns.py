@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import func, or_
 from sqlmodel import Session, col, select
@@ -73,6 +73,22 @@ def one_turns_worth(rows: list[MessageRow]) -> list[MessageRow]:
     return taken
 
 
+def before_a_boundary(
+    rows: list[MessageRow], starts_fresh: Callable[[MessageRow], bool]
+) -> list[MessageRow]:
+    """Of what a turn would claim (arrival order), the messages before the first new one that
+    `starts_fresh` (a `/new`) when another message came before it (group context aside): those
+    are answered first, in the context they were sent in, and the boundary's turn comes next, so
+    nothing is left behind it unanswered."""
+    earlier = False
+    for n, row in enumerate(rows):
+        fresh = starts_fresh(row)
+        if fresh and earlier and row.seq is None:
+            return rows[:n]
+        earlier = earlier or (row.status != CONTEXT_STATUS and not fresh)
+    return rows
+
+
 def steerable_prefix(
     waiting: list[MessageRow], joins: Callable[[MessageRow], bool]
 ) -> list[MessageRow]:
@@ -86,6 +102,18 @@ def steerable_prefix(
     while taken and taken[-1].status == CONTEXT_STATUS:
         taken.pop()
     return taken
+
+
+class TurnClaim(NamedTuple):
+    """What `claim_turn` gives a turn."""
+
+    session: SessionRow | None
+    messages: list[MessageRow]
+    """The claimed messages, in conversation order."""
+    read: HistoryRead | None
+    """The turn's history, read in the same step (with `known`)."""
+    held_back: bool
+    """The claim stopped before a boundary (`ends_before`): another turn is due right after."""
 
 
 class TurnRepository:
@@ -106,7 +134,7 @@ class TurnRepository:
         """
 
         return await self._db.fast(
-            lambda cursor: self._claim(cursor, session_id, context_limit),
+            lambda cursor: self._claim(cursor, session_id, context_limit)[0],
             write=True,
             autocommit=True,
         )
@@ -118,25 +146,29 @@ class TurnRepository:
         known: Callable[[int], Known] | None = None,
         *,
         one_message: Callable[[SessionRow], bool] | None = None,
-    ) -> tuple[SessionRow | None, list[MessageRow], HistoryRead | None]:
+        ends_before: Callable[[MessageRow], bool] | None = None,
+    ) -> TurnClaim:
         """The session and its claimed messages (see `claim_pending`) in one step; with
         `known` (session id → what the caller's cached history holds, called inside the step),
         also the turn's `summary_and_history`, saving the turn a transaction of its own. When
         `one_message(session)` says so (queue mode `followup`), only one new message is
-        claimed (`one_turns_worth`)."""
+        claimed (`one_turns_worth`); the claim stops before a message `ends_before` accepts
+        (a `/new`) that others came before (`before_a_boundary`)."""
         hot = self._db.hot
 
-        def op(cursor: Any) -> tuple[SessionRow | None, list[MessageRow], HistoryRead | None]:
+        def op(cursor: Any) -> TurnClaim:
             session, unhandled = hot.session_and_unhandled(cursor, key)
             if session is None or session.id is None:
-                return None, [], None
+                return TurnClaim(None, [], None, held_back=False)
             single = one_message is not None and one_message(session)
-            claimed = self._claim(cursor, session.id, context_limit(session), single, unhandled)
+            claimed, held_back = self._claim(
+                cursor, session.id, context_limit(session), single, unhandled, ends_before
+            )
             read = None
             if known is not None and claimed:
                 state = known(session.id)
                 read = HistoryRead(state, *hot.summary_and_history(cursor, session.id, state))
-            return session, claimed, read
+            return TurnClaim(session, claimed, read, held_back)
 
         # Autocommit (PostgreSQL): the reads take a snapshot each anyway, and the one write that
         # must be atomic, placing the messages, is one statement (`HotPath.place`); a turn that
@@ -150,11 +182,17 @@ class TurnRepository:
         context_limit: int | None,
         single: bool = False,
         unhandled: list[MessageRow] | None = None,
-    ) -> list[MessageRow]:
+        ends_before: Callable[[MessageRow], bool] | None = None,
+    ) -> tuple[list[MessageRow], bool]:
+        """The messages a turn claims, placed, and whether it stopped before a boundary."""
         hot = self._db.hot
         rows = hot.unhandled(cursor, session_id) if unhandled is None else unhandled
         if single:
             rows = one_turns_worth(rows)
+        held_back = False
+        if ends_before is not None:
+            taken = before_a_boundary(rows, ends_before)
+            held_back, rows = len(taken) < len(rows), taken
         unplaced = [r for r in rows if r.seq is None]
         context = [r for r in unplaced if r.status == CONTEXT_STATUS]
         if context_limit is not None and len(context) > context_limit:
@@ -164,7 +202,7 @@ class TurnRepository:
             unplaced = [r for r in unplaced if id(r) not in gone]
             rows = [r for r in rows if id(r) not in gone]
         _place(hot, cursor, session_id, unplaced)
-        return sorted(rows, key=lambda r: r.seq or 0)
+        return sorted(rows, key=lambda r: r.seq or 0), held_back
 
     async def arrivals(self, session_id: int) -> list[MessageRow]:
         """Messages that arrived since the running turn's claim (no place yet, not answered,

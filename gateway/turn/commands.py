@@ -5,7 +5,11 @@ A command arrives as an ordinary message: it is stored like every inbound messag
 turn, then marked ``command`` so the model never sees it, and answered here without a model
 call (`/compact` calls the summarizer, as compaction always does). Its answer is stored too,
 marked the same way. Other messages of the same turn are answered by the model as usual, after
-the commands; those before a `/new` stay behind its boundary.
+the commands. None is left unanswered behind a `/new`: a turn's claim stops before a `/new`
+that other messages came before (`gateway.store.turns.before_a_boundary`), so those are
+answered first, in the context they were sent in, and the `/new` that comes next says how many
+were; a turn that still holds some before its `/new` (one a stopped run had claimed) carries
+them over into the fresh context and says so.
 
 - `/status` and `/context` read the facts `gatehouse context explain` prints (`Describe`, given
   by the Gateway: `gateway/operations/chat.py`), so a chat and the CLI never disagree.
@@ -54,11 +58,18 @@ class CommandHost(Protocol):
 
 
 async def run_commands(
-    host: CommandHost, describe: Describe | None, session_key: str, claimed: list[MessageRow]
+    host: CommandHost,
+    describe: Describe | None,
+    session_key: str,
+    claimed: list[MessageRow],
+    *,
+    answered_first: int = 0,
 ) -> tuple[list[str], list[MessageRow]]:
     """Answer the commands among a turn's claimed messages, in order: their answers, and the
-    messages left for the model (none before the last `/new`; none when only unmentioned group
-    messages are left: they stay in the history as context)."""
+    messages left for the model (those before a `/new` carried over into the fresh context;
+    none when only unmentioned group messages are left: they stay in the history as context).
+    `answered_first`: how many messages sent before this turn's `/new` the previous turn
+    answered (its claim stopped before the `/new`)."""
     parsed = [(row, parse_command(row.content)) for row in claimed]
     if not any(found for _row, found in parsed):
         return [], claimed
@@ -73,8 +84,9 @@ async def run_commands(
             continue
         command, text = found
         if command.name == "new":
-            answers.append(await _new(host, session_key, row))
-            asked = []
+            carried = [r for r in asked if r.status != CONTEXT_STATUS]
+            answers.append(await _new(host, session_key, row, answered_first, carried))
+            asked, answered_first = carried, 0
         elif command.name == "compact":
             result = await host.compact_session(session_key, text, reason="command")
             answers.append(describe_compaction(result))
@@ -97,23 +109,52 @@ async def _describe(describe: Describe | None, session_key: str, name: str) -> s
         return f"/{name} failed: {exc}"
 
 
-async def _new(host: CommandHost, session_key: str, row: MessageRow) -> str:
-    """A fresh context from this message on (see the module docstring)."""
+async def _new(
+    host: CommandHost,
+    session_key: str,
+    row: MessageRow,
+    answered_first: int = 0,
+    carried: list[MessageRow] | None = None,
+) -> str:
+    """A fresh context from this message on, or from the first of `carried` (messages of this
+    turn sent before it, answered after it): see the module docstring."""
     session = await host.store.get_session(session_key)
     if session is None or session.id is None or row.seq is None:
         return "Nothing to reset."
+    seqs = [r.seq for r in carried or () if r.seq is not None]
+    through = min(seqs) - 1 if seqs else row.seq
+    first = _answered_first(answered_first)
     view = await host.view(session.id)
-    earlier = [m for m in view.history if m.seq is not None and m.seq < row.seq]
+    earlier = [m for m in view.history if m.seq is not None and m.seq <= through]
+    fresh = "Already a fresh context: nothing earlier is sent to the model."
     if not earlier and view.summary is None:
-        return "Already a fresh context: nothing earlier is sent to the model."
-    reset = await host.reset_session(session_key, "/new in the chat", flush=False, through=row.seq)
+        return first + fresh + _carried_over(seqs)
+    reset = await host.reset_session(session_key, "/new in the chat", flush=False, through=through)
     if reset is None:
-        return "Already a fresh context: nothing earlier is sent to the model."
+        return first + fresh + _carried_over(seqs)
     what = f"{len(earlier):,} earlier message{'s' if len(earlier) != 1 else ''}"
     if view.summary is not None:
         what += " and the summary before them"
     return (
-        f"Started a fresh context: the {what} stay stored (searchable with history_search) "
-        "but are no longer sent to the model. An operator can undo this with "
-        f"`gatehouse sessions uncompact {session_key}`."
+        f"{first}Started a fresh context: the {what} stay stored (searchable with "
+        "history_search) but are no longer sent to the model. An operator can undo this with "
+        f"`gatehouse sessions uncompact {session_key}`.{_carried_over(seqs)}"
     )
+
+
+def _answered_first(count: int) -> str:
+    """How `/new` names the messages sent before it that the previous turn answered."""
+    if not count:
+        return ""
+    if count == 1:
+        return "Your message sent before /new was answered first, in the earlier context. "
+    return f"Your {count:,} messages sent before /new were answered first, in the earlier context. "
+
+
+def _carried_over(seqs: list[int]) -> str:
+    """How `/new` names the messages sent before it that this turn answers after it."""
+    if not seqs:
+        return ""
+    if len(seqs) == 1:
+        return " Your message sent just before /new is answered in the fresh context."
+    return f" Your {len(seqs):,} messages sent just before /new are answered in the fresh context."

@@ -27,7 +27,9 @@ answers a message that arrived while another one ran:
     answers the new message. The model sees the cut reply in its history.
 
 Commands (a message starting with ``/``) never steer or interrupt: they wait for a turn of their
-own, and so does everything that arrived after them. Unmentioned group messages (kept as
+own, and so does everything that arrived after them; what arrived after a `/new` does not
+interrupt either (it belongs behind the boundary, and must not cut short the answer to what
+was sent before the `/new`). Unmentioned group messages (kept as
 context) never do either; they join the turn of the message after them.
 
 In one process a turn learns of an arrival at once (`Arrivals`, told by the gateway). Across
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import weakref
 from collections.abc import Awaitable, Callable
@@ -78,6 +81,13 @@ def is_command(content: Any) -> bool:
     """A chat command (``/compact``, ``/status`` …): never steers or interrupts a turn. The
     same test as the runner's (`channels.commands.parse_command`): "/tmp/x is full" is not one."""
     return parse_command(content) is not None
+
+
+def starts_fresh(row: MessageRow) -> bool:
+    """A `/new` (`/reset`): a turn's claim stops before it when others came first, and what
+    arrives after it never cuts that turn short."""
+    found = parse_command(row.content)
+    return found is not None and found[0].name == "new"
 
 
 def takes_part(row: MessageRow) -> bool:
@@ -154,9 +164,14 @@ class MidTurn:
         return self._look or self._wake.is_set() or self.cross_process
 
     async def _arrivals(self) -> list[MessageRow]:
+        """The arrivals that may steer or stop this turn: no command, and nothing sent after a
+        `/new` (it belongs behind the boundary, and must not cut short the answer to what was
+        sent before it)."""
         self._look = False
         self._wake.clear()
-        return [r for r in await self.store.arrivals(self.session_id) if takes_part(r)]
+        waiting = await self.store.arrivals(self.session_id)
+        before = itertools.takewhile(lambda r: not starts_fresh(r), waiting)
+        return [r for r in before if takes_part(r)]
 
     async def steer(self) -> list[MessageRow]:
         """At a boundary (before a model call): place what arrived after everything so far and

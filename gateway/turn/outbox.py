@@ -26,6 +26,7 @@ from pathlib import Path
 
 from channels.base import OutboundMessage
 from gateway.store import Store
+from gateway.store.faults import StorageError
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +201,9 @@ class DeliveryLog:
             row = await self.store.outbox_failed(
                 outbox_id, left.sent_parts, result.error or "not sent", self.max_attempts
             )
+        except StorageError as exc:
+            log.error("could not record a failed delivery for %s: %s", message.session_key, exc)
+            return left
         except Exception:
             log.exception("could not record a failed delivery for %s", message.session_key)
             return left
@@ -291,8 +295,9 @@ class DeliveryLog:
             os.close(old_fd)
         try:
             await self.store.forget_outbox(ids)
+        except StorageError as exc:  # the ids stay in the old log, which the next start reads
+            log.error("could not clear %d sent replies from the outbox: %s", len(ids), exc)
         except Exception:
-            # The ids stay in the old log, which the next start reads again.
             log.exception("could not clear %d sent replies from the outbox", len(ids))
         else:
             if old_path is not None:

@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from channels.base import OutboundMessage
 from context.compaction import CompactionResult, CompactionSettings, SummaryCall
@@ -27,6 +28,8 @@ from gateway.config import Config
 from gateway.model.llm import ContextOverflowError, LLMError, LLMProvider, prompt_cache_key
 from gateway.model.sizing import ContextResolver
 from gateway.store import CompactionRow, HistoryRead, MessageRow, SessionRow, Store, TurnUsage
+from gateway.store.faults import StorageError
+from gateway.store.messages import CONTEXT_STATUS
 from gateway.tools.memory import MemoryFlush
 from gateway.tools.registry import ToolContext, ToolRegistry
 from gateway.tools.scope import Scopes
@@ -51,12 +54,20 @@ from gateway.turn.history import (
     is_reset,
 )
 from gateway.turn.loop import ArchivedSeqs, ToolLoop
-from gateway.turn.midturn import TOOL_NOT_RUN, Arrivals, MidTurn, queue_mode
+from gateway.turn.midturn import (
+    TOOL_NOT_RUN,
+    Arrivals,
+    MidTurn,
+    is_command,
+    queue_mode,
+    starts_fresh,
+)
 from gateway.turn.notices import TurnNotices, with_cut_notice
 from gateway.turn.outbox import Deliver, DeliveryLog
 from gateway.turn.previews import PreviewStream
 from gateway.turn.prompt import HISTORY_HINT, TurnPrompts
 from gateway.turn.stats import TurnStats
+from gateway.turn.storage import HeldReply, StorageBlocks
 from gateway.turn.typing_indicator import Typing, typing_later
 from memory.agents_md import AgentsFile
 
@@ -132,6 +143,11 @@ class Runner:
         self.histories = HistoryCache(self.store)
         self.arrivals = Arrivals()
         """Told of each accepted message, so a running turn can steer or stop (midturn.py)."""
+        self.blocked = StorageBlocks()
+        """Sessions whose turn the database refused, tried again by the gateway (storage.py)."""
+        self._answered_first: dict[str, int] = {}
+        """Sessions whose claim stopped before a `/new`: how many messages the model answered
+        first, for the `/new` to say so (`before_a_boundary`)."""
         self.prompts = TurnPrompts(self.config, self.llm, self.tools, self.resolver, self.agents)
         self.compactions = Compactor(
             self.config, self.store, self.engine, self.llm, self.summarize, self.histories,
@@ -142,13 +158,46 @@ class Runner:
 
     async def run_turn(self, session_key: str) -> bool:
         """Answer what waits in the session; True when more waits for another turn (queue mode
-        `followup` answers one message a turn: gateway/turn/midturn.py)."""
-        # The claim reads the turn's history too (one transaction fewer): see `view`.
-        session, claimed, read = await self.store.claim_turn(
-            session_key, self._group_buffer, self.histories.known, one_message=self._one_per_turn
-        )
-        if session is None or session.id is None or not claimed:
+        `followup` answers one message a turn: gateway/turn/midturn.py; a claim stopped before
+        a `/new`). A storage fault blocks the session instead of failing the lane (storage.py):
+        the gateway runs it again, and a reply kept from before is stored first."""
+        held = self.blocked.held(session_key)
+        try:
+            if held is not None and not await self._store_held(session_key, held):
+                return False
+            # The claim reads the turn's history too (one transaction fewer): see `view`.
+            claim = await self.store.claim_turn(
+                session_key, self._group_buffer, self.histories.known,
+                one_message=self._one_per_turn, ends_before=starts_fresh,
+            )
+        except StorageError as exc:
+            await self._not_stored(session_key, exc)
             return False
+        session, claimed, read = claim.session, claim.messages, claim.read
+        if session is None or session.id is None or not claimed:
+            self.blocked.stored(session_key)  # nothing of it waits any more (answered elsewhere)
+            return False
+        try:
+            more = await self._run_claimed(session_key, session, claimed, read)
+        except StorageError as exc:
+            await self._not_stored(session_key, exc, claimed)
+            return False
+        if claim.held_back:  # the `/new` after these says they were answered first
+            asks = [r for r in claimed if r.status != CONTEXT_STATUS and not is_command(r.content)]
+            if asks:
+                self._answered_first[session_key] = len(asks)
+            return True
+        return more
+
+    async def _run_claimed(
+        self,
+        session_key: str,
+        session: SessionRow,
+        claimed: list[MessageRow],
+        read: HistoryRead | None,
+    ) -> bool:
+        """The turn, once its messages are claimed: answer them, store the reply, send it."""
+        assert session.id is not None
         mid = MidTurn(
             queue_mode(self.config, session.platform), self.store, session.id,
             cross_process=not self.store.is_sqlite,
@@ -219,10 +268,11 @@ class Runner:
         final = mid.addressed(replace(outbound, text=reply, preview_id=preview_id))
         # The reply enters the outbox with the turn's commit and leaves it once sent: a crash in
         # between never loses it (`Gateway.start` sends what is left; see gateway/turn/outbox.py).
-        outbox_id = await self.store.finish_turn(
+        finish = partial(
+            self.store.finish_turn,
             session.id,
             reply_message,
-            (r.id for r in answered if r.id is not None),
+            [r.id for r in answered if r.id is not None],
             TurnUsage(stats.prompt_tokens, stats.completion_tokens, stats.cached_tokens),
             reply_status=status,
             error=stats.error,
@@ -232,13 +282,51 @@ class Runner:
             record=stats.record(),
             outbound=final,
         )
+        try:
+            outbox_id = await finish()
+        except StorageError as exc:  # the model's answer is kept: stored on the next try
+            self.blocked.block(session_key, exc, answered, HeldReply(finish, final, stats))
+            return False
+        self.blocked.stored(session_key)
+        await self._stored(outbox_id, final, stats)
+        return self._one_per_turn(session) and await self.store.has_pending(session.id)
+
+    async def _stored(self, outbox_id: int | None, final: OutboundMessage, stats: TurnStats) -> None:
+        """A turn was stored: count it, and send its reply."""
+        hooks = self.hooks
         if hooks.on_turn is not None:
             hooks.on_turn(stats)
         if outbox_id is not None and hooks.delivery is not None:
             await hooks.delivery.send(outbox_id, final)
         elif (await self.deliver(final)).sent and outbox_id is not None:
             await self.store.forget_outbox([outbox_id])
-        return self._one_per_turn(session) and await self.store.has_pending(session.id)
+
+    async def _store_held(self, session_key: str, held: HeldReply) -> bool:
+        """Store (and send) the reply a turn finished while the database refused it; False
+        while it still refuses."""
+        try:
+            outbox_id = await held.store()
+        except StorageError as exc:
+            self.blocked.block(session_key, exc)
+            return False
+        self.blocked.stored(session_key)
+        await self._stored(outbox_id, held.outbound, held.stats)
+        return True
+
+    async def _not_stored(
+        self, session_key: str, fault: StorageError, rows: list[MessageRow] | None = None
+    ) -> None:
+        """A step of the session's turn failed on a storage fault: the session is blocked and
+        tried again (storage.py). Without the turn's messages (its claim failed), those still
+        waiting are read (a read usually works when writes do not)."""
+        if rows is None:
+            try:
+                session = await self.store.get_session(session_key)
+                if session is not None and session.id is not None:
+                    rows = await self.store.arrivals(session.id)
+            except Exception as exc:  # cannot read either: the retry finds them
+                log.debug("could not read the waiting messages of %s: %s", session_key, exc)
+        self.blocked.block(session_key, fault, rows or ())
 
     def _one_per_turn(self, session: SessionRow) -> bool:
         return queue_mode(self.config, session.platform) == "followup"
@@ -248,7 +336,10 @@ class Runner:
     ) -> tuple[list[str], list[MessageRow]]:
         """Answer the chat commands among the claimed messages (`/status`, `/new`, `/compact`…:
         gateway/turn/commands.py): their answers, and the messages left for the model."""
-        return await run_commands(self, self.hooks.describe, session_key, claimed)
+        answered_first = self._answered_first.pop(session_key, 0)
+        return await run_commands(
+            self, self.hooks.describe, session_key, claimed, answered_first=answered_first
+        )
 
     async def _answer(
         self,

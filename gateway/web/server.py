@@ -22,6 +22,7 @@ from channels.webchat import WebchatChannel
 from gateway.app import Gateway
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.store.faults import StorageError
+from gateway.turn.storage import ReplyNotStoredError
 from gateway.web.admin import add_admin_routes, admin_status
 from gateway.web.guard import BadBody, HostPolicy, guard_middleware, loads_json, read_body
 from gateway.web.webchat_history import HISTORY_LIMIT, MAX_HISTORY_LIMIT, chat_history
@@ -149,7 +150,9 @@ async def get_history(request: web.Request) -> web.Response:
 
 async def healthz(request: web.Request) -> web.Response:
     """200 `"status": "ok"`; 503 `"failing"` while the database is: a store step failed and no
-    write has succeeded since. What the store remembers: a probe never touches the database."""
+    write has succeeded since, or the SQLite file was deleted or replaced. What the store
+    remembers: a probe never touches the database. `unstored_turns`: sessions whose turn the
+    database refused, waiting for another try (gateway/turn/storage.py)."""
     gateway = request.app[GATEWAY_KEY]
     failure = gateway.store.failure
     return web.json_response(
@@ -158,6 +161,7 @@ async def healthz(request: web.Request) -> web.Response:
             "database": "ok" if failure is None else f"failing: {failure}",
             "llm_configured": gateway.llm.configured,
             "active_lanes": gateway.lanes.active,
+            "unstored_turns": len(gateway.runner.blocked),
             "memory_search": gateway.memory_search,
         },
         status=200 if failure is None else 503,
@@ -202,6 +206,11 @@ async def post_message(request: web.Request) -> web.Response:
         )
     except ConnectionAbortedError:
         return _error(503, "the gateway is shutting down; the message is stored")
+    except ReplyNotStoredError as exc:
+        # The turn ran but the database refused its reply (logged once by the turn): the
+        # message stays and is answered once the database works again (the page's history
+        # shows it then), so the request ends now rather than at its timeout.
+        return _error(503, f"the database is failing: {exc}", pending=True)
     except StorageError as exc:
         # The message could not be stored: said once, as the one line the CLI would print.
         log.error("webchat: the message was not stored: %s", exc)

@@ -1,12 +1,14 @@
-"""Driving the `gatehouse` command in tests: as a real subprocess (`run_cli`), or in this
-process through Typer's runner (`in_process`, for tests that monkeypatch), on a config file
-`write_config` puts in a tmp dir."""
+"""Driving the `gatehouse` command in tests: as a real subprocess (`run_cli`; `start_run` for a
+`gatehouse run` that keeps running), or in this process through Typer's runner (`in_process`,
+for tests that monkeypatch), on a config file `write_config` puts in a tmp dir."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -78,3 +80,34 @@ async def invoke(*args: str) -> tuple[int, str, str]:
         root.handlers[:] = handlers
         root.setLevel(level)
     return result.exit_code, result.stdout, result.stderr
+
+
+async def start_run(
+    config: Path, *, argv: list[str] | None = None, log: Path | None = None
+) -> tuple[asyncio.subprocess.Process, str]:
+    """`gatehouse --config CONFIG run` as a subprocess (`argv`: what to run it with, the
+    command line appended), its stderr to `log` (default: beside the config); returns it and
+    its web address once it listens, or raises with the log's tail."""
+    log = log or config.parent / "gatehouse.log"
+    command = [GATEHOUSE, "--config", str(config), "run"]
+    with log.open("ab") as err:
+        proc = await asyncio.create_subprocess_exec(
+            *(argv or []), *command, cwd=config.parent, env=env(),
+            stdout=asyncio.subprocess.PIPE, stderr=err,
+        )
+    assert proc.stdout is not None
+    line = (await asyncio.wait_for(proc.stdout.readline(), timeout=60)).decode()
+    if not line.startswith("gatehouse listening on"):
+        await stop_run(proc)
+        raise AssertionError(f"gatehouse run did not start: {line!r}\n{log.read_text()[-3000:]}")
+    return proc, line.rsplit(" ", 1)[-1].strip()
+
+
+async def stop_run(proc: asyncio.subprocess.Process) -> int:
+    """SIGTERM (if still running) and wait: its exit code."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+    await asyncio.wait_for(proc.communicate(), timeout=30)
+    assert proc.returncode is not None
+    return proc.returncode

@@ -1,5 +1,6 @@
 """What a turn claims in each queue mode (gateway/store/turns.py): one message a turn
-(`followup`), and the messages a running turn takes in at a boundary (`steer`)."""
+(`followup`), the messages a running turn takes in at a boundary (`steer`), and, in every mode,
+no further than a `/new` that others came before."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from channels.base import InboundMessage
 from context.types import Message
 from gateway.store import MessageRow, SessionInfo, Store, TurnUsage
 from gateway.store.messages import CONTEXT_STATUS
-from gateway.store.turns import one_turns_worth, steerable_prefix
+from gateway.store.turns import before_a_boundary, one_turns_worth, steerable_prefix
 
 INFO = SessionInfo(key="k", platform="telegram", chat_type="direct", chat_id="42")
 
@@ -50,6 +51,23 @@ def test_steerable_prefix_stops_at_a_command_and_keeps_context_only_before_a_mes
     assert steerable_prefix([row("y", status=CONTEXT_STATUS)], not_a_command) == []
 
 
+def is_new(r: MessageRow) -> bool:
+    return str(r.content) == "/new"
+
+
+def test_a_claim_stops_before_a_new_that_others_came_before() -> None:
+    rows = [row("a"), row("b"), row("/new"), row("c"), row("/new"), row("d")]
+    assert texts(before_a_boundary(rows, is_new)) == ["a", "b"]
+    assert texts(before_a_boundary(rows[2:], is_new)) == ["/new", "c"]
+    assert texts(before_a_boundary(rows[4:], is_new)) == ["/new", "d"]
+    # Group context alone before it, or another `/new`, is no message to answer first.
+    rows = [row("x", status=CONTEXT_STATUS), row("/new"), row("/new"), row("e")]
+    assert texts(before_a_boundary(rows, is_new)) == ["x", "/new", "/new", "e"]
+    # A stopped turn's messages (placed already) are resumed as they were.
+    rows = [row("a", seq=3), row("/new", seq=4), row("f")]
+    assert texts(before_a_boundary(rows, is_new)) == ["a", "/new", "f"]
+
+
 async def _store(database_url: str) -> tuple[Store, int]:
     store = Store(database_url)
     await store.init()
@@ -65,7 +83,7 @@ async def test_followup_claims_one_message_a_turn_in_order(database_url: str) ->
             await store.accept_inbound(INFO, inbound(text, f"m{i}"))
         answered = []
         while True:
-            _s, claimed, _r = await store.claim_turn(
+            _s, claimed, _r, _h = await store.claim_turn(
                 "k", lambda _s: None, one_message=lambda _s: True
             )
             if not claimed:
@@ -84,7 +102,7 @@ async def test_arrivals_are_taken_in_after_what_the_turn_stored(database_url: st
     store, sid = await _store(database_url)
     try:
         await store.accept_inbound(INFO, inbound("a", "m1"))
-        _s, claimed, _r = await store.claim_turn("k", lambda _s: None)
+        _s, claimed, _r, _h = await store.claim_turn("k", lambda _s: None)
         assert texts(claimed) == ["a"]
         assert await store.arrivals(sid) == []  # the turn's own message is no arrival
         tool_round = [Message(role="assistant", content="thinking")]
@@ -100,7 +118,23 @@ async def test_arrivals_are_taken_in_after_what_the_turn_stored(database_url: st
         ids = [r.id for r in (*claimed, *taken) if r.id]
         await store.finish_turn(sid, Message(role="assistant", content="re a+b"), ids, TurnUsage())
         assert [m.text for m in await store.history(sid)] == ["a", "thinking", "b", "re a+b"]
-        _s, later, _r = await store.claim_turn("k", lambda _s: None)
+        _s, later, _r, _h = await store.claim_turn("k", lambda _s: None)
         assert texts(later) == ["/compact", "c"]
+    finally:
+        await store.close()
+
+
+async def test_a_claim_held_back_before_a_new_says_so(database_url: str) -> None:
+    store, sid = await _store(database_url)
+    try:
+        for i, text in enumerate(("a", "b", "/new", "c")):
+            await store.accept_inbound(INFO, inbound(text, f"m{i}"))
+        first = await store.claim_turn("k", lambda _s: None, ends_before=is_new)
+        assert texts(first.messages) == ["a", "b"] and first.held_back
+        ids = [r.id for r in first.messages if r.id]
+        await store.finish_turn(sid, Message(role="assistant", content="re a+b"), ids, TurnUsage())
+        second = await store.claim_turn("k", lambda _s: None, ends_before=is_new)
+        assert texts(second.messages) == ["/new", "c"] and not second.held_back
+        assert [r.seq for r in second.messages] == [4, 5]
     finally:
         await store.close()

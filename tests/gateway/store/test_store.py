@@ -86,7 +86,7 @@ async def test_claim_reads_the_turns_history_in_the_same_step(database_url: str)
     def nothing_cached(session_id: int) -> None:
         asked.append(session_id)
 
-    session, claimed, read = await store.claim_turn("k", lambda _s: None, nothing_cached)
+    session, claimed, read, _held = await store.claim_turn("k", lambda _s: None, nothing_cached)
     assert session is not None and asked == [session.id]
     assert read is not None and read.known is None and read.summary is None
     assert [(m.seq, m.text) for m in read.messages] == [(1, "hello")]
@@ -95,7 +95,7 @@ async def test_claim_reads_the_turns_history_in_the_same_step(database_url: str)
     )
     await store.accept_inbound(info, inbound("again", "m2"))
     # A caller holding seqs 1-2 gets only what came after them, as `summary_and_history` would.
-    _session, claimed, read = await store.claim_turn("k", lambda _s: None, lambda _id: (0, 2))
+    _session, claimed, read, _held = await store.claim_turn("k", lambda _s: None, lambda _id: (0, 2))
     assert [r.content for r in claimed] == ["again"]
     assert read is not None and read.known == (0, 2)
     assert [(m.seq, m.text) for m in read.messages] == [(3, "again")]
@@ -104,7 +104,7 @@ async def test_claim_reads_the_turns_history_in_the_same_step(database_url: str)
         [r.id for r in claimed if r.id], TurnUsage(5, 1),
     )
     # Nothing claimed, nothing read; and without `known` no read at all.
-    _s, none_claimed, no_read = await store.claim_turn("k", lambda _s: None, lambda _id: (0, 4))
+    _s, none_claimed, no_read, _held = await store.claim_turn("k", lambda _s: None, lambda _id: (0, 4))
     assert none_claimed == [] and no_read is None
     await store.accept_inbound(info, inbound("third", "m3"))
     assert (await store.claim_turn("k", lambda _s: None))[2] is None
@@ -177,7 +177,7 @@ async def test_sqlite_hot_steps_run_on_the_loop_while_the_database_thread_is_idl
     info = SessionInfo(key="k")
     _sid, row = await store.accept_inbound(info, inbound("hello", "m1"))
     assert row is not None and row.session_id is not None
-    session, claimed, _read = await store.claim_turn("k", lambda _s: None)
+    session, claimed, _read, _held = await store.claim_turn("k", lambda _s: None)
     assert session is not None and [r.content for r in claimed] == ["hello"]
     await store.finish_turn(
         row.session_id, Message(role="assistant", content="hi"), [row.id or 0], TurnUsage(5, 1)

@@ -1,16 +1,22 @@
 """`/healthz` reports the database (SQLite and PostgreSQL): failing after a store step failed,
 ok again once a write succeeds. Cheap: the store remembers its last failure, probes write
-nothing."""
+nothing. A SQLite file replaced under the running gateway fails it for good, the old file's
+content saved beside it."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 import aiohttp
-from sqlalchemy import create_engine, text
+import pytest
+from sqlalchemy import create_engine, make_url, text
 
 from gateway.config import sync_url
-from tests.conftest import RunningGateway
+from tests.conftest import RunningGateway, on_postgres
 from tests.fakes import FakeOpenAI, reply
 
 
@@ -59,3 +65,36 @@ async def test_healthz_follows_the_database(
     assert await post(base_url, "carol", "and now?") == 200
     status, body = await health(base_url)
     assert (status, body["database"]) == (200, "ok")
+
+
+@pytest.mark.skipif(on_postgres(), reason="a SQLite file")
+async def test_a_database_file_replaced_while_running_is_refused_and_its_copy_kept(
+    base_url: str, running: RunningGateway, fake_llm: FakeOpenAI, database_url: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake_llm.script(reply("hi"))
+    assert await post(base_url, "alice", "hello") == 200
+    db = Path(make_url(database_url).database or "")
+    other = db.with_name("restored-from-a-backup.db")
+    with contextlib.closing(sqlite3.connect(other)) as conn:
+        conn.execute("CREATE TABLE t (x)")
+    for name in ("gatehouse.db-wal", "gatehouse.db-shm"):  # the old file's, as they must go
+        db.with_name(name).unlink(missing_ok=True)
+    other.replace(db)  # `mv backup.db data/gatehouse.db` under the running gateway
+    status, body = await health(base_url)
+    assert status == 503
+    assert body["database"] == f"failing: {db} was replaced by another file while the gateway " \
+        "ran: it takes no more turns; restart the gateway to use the new gatehouse.db, or stop " \
+        f"it and move {next(db.parent.glob('gatehouse.db.rescued-*')).name} (what it had open) " \
+        "into its place first to keep the old one"
+    assert await post(base_url, "bob", "anyone?") == 503, "not written into the old file"
+    await asyncio.sleep(0.2)  # the copy is saved on the database thread
+    [rescued] = db.parent.glob("gatehouse.db.rescued-*")
+    with contextlib.closing(sqlite3.connect(rescued)) as conn:
+        assert conn.execute("SELECT count(*) FROM sessions").fetchone() == (1,)
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        assert conn.execute("SELECT name FROM sqlite_master").fetchall() == [("t",)]
+    lines = [r for r in caplog.records if "was replaced by another file" in r.getMessage()]
+    assert [r.name for r in lines if r.name == "gateway.store.engine"] == ["gateway.store.engine"]
+    status, again = await health(base_url)  # for good: no write clears it
+    assert (status, again["database"]) == (503, body["database"])

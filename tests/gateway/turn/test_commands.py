@@ -3,8 +3,11 @@ Gateway: webchat and console channels, the real openai SDK against the fake serv
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
+
+import pytest
 
 from channels.base import InboundMessage
 from channels.commands import CHAT_COMMANDS, parse_command
@@ -13,7 +16,7 @@ from gateway.operations import explain, show_session, uncompact_session
 from gateway.operations.chat import meter
 from gateway.turn.history import COMMAND_STATUS
 from tests.conftest import MakeConfig, RunningGateway
-from tests.fakes import FakeOpenAI
+from tests.fakes import FakeOpenAI, Reply, last_user_text
 from tests.helpers.llm_scripts import FILLER, KEY, is_summary_request, summarizer_and_echo
 
 
@@ -200,8 +203,9 @@ async def test_a_status_with_nothing_said_yet(make_config: MakeConfig) -> None:
 
 
 async def test_messages_collected_around_a_new_in_one_turn(make_config: MakeConfig) -> None:
-    """Sent while the agent was busy: the commands run in order, what came before `/new` stays
-    behind its boundary, what came after is answered by the model."""
+    """Sent while the agent was busy: what came before `/new` is answered first, in the context
+    it was sent in (its turn stops before the `/new`), the commands run in order, what came
+    after is answered in the fresh context, and the `/new` says what was answered first."""
     async with FakeOpenAI(default=summarizer_and_echo) as fake:
         rg = await start(make_config, fake)
         try:
@@ -213,14 +217,83 @@ async def test_messages_collected_around_a_new_in_one_turn(make_config: MakeConf
                         sender_id="tester", text=text, platform_message_id=f"m{i}",
                     ))
             await rg.gateway.lanes.join()
-            sent = chats(fake)[-1]["messages"]
-            assert [m["content"] for m in sent if m["role"] != "system"] == ["fresh question"]
+            before, after = chats(fake)[-2:]
+            assert [m["content"] for m in before["messages"] if m["role"] == "user"] == [
+                "old topic ORD-1", "forget this",
+            ], "answered in the context it was sent in"
+            assert [m["content"] for m in after["messages"] if m["role"] != "system"] == [
+                "fresh question"
+            ]
             shown = await show_session(rg.gateway.config, KEY, show_all=True)
             assert shown is not None
-            reply = shown.messages[-1].message.text
-            status, new, answer = reply.split("\n\n")
-            assert status.startswith("Model: ") and new.startswith("Started a fresh context")
+            replies = [m for m in shown.messages if m.message.role == "assistant"][-2:]
+            status, answer = replies[0].message.text.split("\n\n")
+            assert status.startswith("Model: ") and answer == "echo: forget this"
+            new, answer = replies[1].message.text.split("\n\n")
+            assert new.startswith(
+                "Your message sent before /new was answered first, in the earlier context. "
+                "Started a fresh context: the 4 earlier messages"
+            ), new
             assert answer == "echo: fresh question"
-            assert shown.messages[-1].status is None, "a reply with the model's answer is seen"
+            assert [m.status for m in replies] == [None, None], "replies the model's answer is in"
+            session = await rg.gateway.store.get_session(KEY)
+            assert session is not None and session.id is not None
+            assert not await rg.gateway.store.has_pending(session.id)
+        finally:
+            await rg.gateway.stop()
+
+
+@pytest.mark.parametrize("mode", ["collect", "followup", "steer", "interrupt"])
+async def test_a_new_among_ten_concurrent_messages_leaves_none_unanswered(
+    make_config: MakeConfig, mode: str
+) -> None:
+    """Ten messages at once, the sixth a `/new`, while the agent answers an earlier one: every
+    other message reaches the model (answered before or after the boundary, never marked handled
+    without it), every request gets its reply, and in the modes that collect, the `/new` says
+    that the four before it were answered first."""
+    first_call = asyncio.Event()
+
+    async def answer(body: dict[str, Any]) -> Reply:
+        if last_user_text(body) == "m0":
+            first_call.set()
+            await asyncio.sleep(0.5)  # busy: the other nine arrive meanwhile
+        asked: list[str] = []
+        for m in body["messages"]:
+            if m["role"] == "assistant":
+                asked = []
+            elif m["role"] == "user":
+                asked.append(str(m["content"]))
+        return Reply("answered " + " ".join(asked))
+
+    async with FakeOpenAI(default=answer) as fake:
+        rg = await start(make_config, fake, gateway={"queue_mode": mode})
+        try:
+            texts = [f"m{i}" for i in range(10)]
+            texts[5] = "/new"
+            first = asyncio.create_task(rg.webchat.submit("tester", texts[0], "id0"))
+            async with asyncio.timeout(10):
+                await first_call.wait()
+            rest = await asyncio.gather(*(
+                rg.webchat.submit("tester", text, f"id{i}")
+                for i, text in enumerate(texts[1:], start=1)
+            ))
+            replies = [await first, *rest]
+            assert all(r.accepted and r.replies and r.replies[0] for r in replies), replies
+            seen = {
+                str(m["content"]) for body in chats(fake) for m in body["messages"]
+                if m["role"] == "user"
+            }
+            assert set(texts) - {"/new"} <= seen, "every message reached the model"
+            session = await rg.gateway.store.get_session(KEY)
+            assert session is not None and session.id is not None
+            assert not await rg.gateway.store.has_pending(session.id)
+            [new] = replies[5].replies
+            if mode in ("collect", "steer"):
+                assert new.startswith(
+                    "Your 4 messages sent before /new were answered first, in the earlier "
+                    "context. Started a fresh context"
+                ), new
+            later = chats(fake)[-1]["messages"]
+            assert "m4" not in str(later) and "m9" in str(later), "the later ones: fresh context"
         finally:
             await rg.gateway.stop()
