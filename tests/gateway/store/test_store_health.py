@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -83,13 +84,17 @@ async def test_a_database_file_replaced_while_running_is_refused_and_its_copy_ke
     other.replace(db)  # `mv backup.db data/gatehouse.db` under the running gateway
     status, body = await health(base_url)
     assert status == 503
+    named = re.search(r"move (gatehouse\.db\.rescued-\S+) \(what it had open\)", body["database"])
+    assert named is not None, body
     assert body["database"] == f"failing: {db} was replaced by another file while the gateway " \
         "ran: it takes no more turns; restart the gateway to use the new gatehouse.db, or stop " \
-        f"it and move {next(db.parent.glob('gatehouse.db.rescued-*')).name} (what it had open) " \
-        "into its place first to keep the old one"
+        f"it and move {named.group(1)} (what it had open) into its place first to keep the old one"
     assert await post(base_url, "bob", "anyone?") == 503, "not written into the old file"
-    await asyncio.sleep(0.2)  # the copy is saved on the database thread
-    [rescued] = db.parent.glob("gatehouse.db.rescued-*")
+    rescued = db.parent / named.group(1)
+    for _ in range(200):  # the copy is saved on the database thread, then the line is logged
+        if any("was replaced by another file" in r.getMessage() for r in caplog.records):
+            break
+        await asyncio.sleep(0.05)
     with contextlib.closing(sqlite3.connect(rescued)) as conn:
         assert conn.execute("SELECT count(*) FROM sessions").fetchone() == (1,)
     with contextlib.closing(sqlite3.connect(db)) as conn:
