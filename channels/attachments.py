@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from aiohttp import ClientResponse
+if TYPE_CHECKING:  # a type only: the gateway loads this module long before any download
+    from aiohttp import ClientResponse
 
 __all__ = [
     "READ_CHUNK",

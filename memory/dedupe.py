@@ -24,12 +24,14 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from memory.index import MemoryIndex
 from memory.notes import read_lines
 from memory.visibility import ATTRIBUTION, Visibility
 from memory.workspace import WorkspacePathError
+
+if TYPE_CHECKING:
+    from memory.index import MemoryIndex
 
 NEAR_COSINE = 0.75
 """Cosine to an earlier entry from which a note that restates it counts as a copy."""

@@ -23,13 +23,10 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from gateway.config import Config, ConfigError, load_config
-from gateway.logging_setup import SECRETS, config_secrets, setup_logging
-from gateway.store.faults import StorageError, storage_error
-
 if TYPE_CHECKING:
     from rich.progress import Progress
 
+    from gateway.config import Config
     from gateway.store import Store
 
 T = TypeVar("T")
@@ -151,8 +148,13 @@ class Commands(TyperGroup):
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
-        except (StorageError, OSError) as exc:
-            fault = storage_error(exc)
+        except (typer.Exit, typer.Abort, typer.TyperException):
+            raise  # --help, a usage error, an exit code: what click and typer say themselves
+        except Exception as exc:
+            # Imported here: `gatehouse --help` never loads the database layer.
+            from gateway.store.faults import StorageError, storage_error
+
+            fault = storage_error(exc) if isinstance(exc, StorageError | OSError) else None
             if fault is None:
                 raise
             fail("storage error", str(fault))
@@ -168,12 +170,17 @@ def sub_app(help_text: str) -> typer.Typer:
 def quiet_logging(level: str) -> None:
     """Log at `level` unless --log-level asked for another: a command's output is its result,
     not the INFO lines a running gateway writes."""
+    from gateway.logging_setup import setup_logging
+
     setup_logging(level if state.log_level == "INFO" else state.log_level)
 
 
 def load() -> Config:
     """The config of --config (else $GATEHOUSE_CONFIG, ./gatehouse.toml); a bad one exits 2.
     A feature turned off for an unset variable is one warning in the log (`Config.notices`)."""
+    from gateway.config import ConfigError, load_config
+    from gateway.logging_setup import SECRETS, config_secrets
+
     try:
         config = load_config(state.config_path)
     except ConfigError as exc:

@@ -4,21 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from gateway.cli.common import JsonFlag, console, execute, show, sub_app
-from gateway.inbound.session_keys import SessionKeyError
-from gateway.operations import (
-    Explanation,
-    TranscriptCompaction,
-    TranscriptError,
-    compact_transcript,
-    explain_session,
-)
+
+if TYPE_CHECKING:  # the operations open a gateway: imported by the command that runs them
+    from gateway.operations import Explanation, TranscriptCompaction
 
 app = sub_app("Inspect and manage the context engine.")
 
@@ -32,6 +27,8 @@ def context_compact(
     as_json: JsonFlag = False,
 ) -> None:
     """Compact a transcript with the configured LLM and print the resulting prompt."""
+    from gateway.operations import TranscriptCompaction, TranscriptError, compact_transcript
+
     data = execute(
         lambda c: compact_transcript(c, transcript, window), quiet="WARNING", bundled_model=True,
         refusals=[(TranscriptError, "transcript error", 2)],
@@ -74,6 +71,9 @@ def context_explain(
 ) -> None:
     """Explain every limit applied to a session, and where each one comes from. For a key no
     one has written to yet, a preview of what its first message would get."""
+    from gateway.inbound.session_keys import SessionKeyError
+    from gateway.operations import Explanation, explain_session
+
     facts = execute(
         lambda c: explain_session(c, key, fetch_metadata=not offline), quiet="ERROR",
         refusals=[(SessionKeyError, "bad session key", 2)],
@@ -82,6 +82,8 @@ def context_explain(
 
 
 def _print_explain(e: Explanation) -> None:
+    from gateway.operations import Explanation
+
     console.print(f"[bold]{escape(e.session)}[/bold] ({e.platform}, {e.chat_type})")
     if e.preview:
         console.print(

@@ -8,8 +8,6 @@ from typing import TYPE_CHECKING
 import typer
 
 from gateway.cli.common import console, execute, fail, load, on_store, sub_app
-from gateway.config import redacted_url
-from gateway.store.faults import database_where, storage_faults
 
 if TYPE_CHECKING:
     from gateway.store import Store
@@ -20,6 +18,8 @@ app = sub_app("The database schema (Alembic migrations).")
 @app.command("upgrade")
 def db_upgrade() -> None:
     """Bring the database to the newest schema (every process also does this when it opens)."""
+    from gateway.config import redacted_url
+
     config = load()
 
     async def schema_status(store: Store) -> str:
@@ -36,7 +36,8 @@ def db_current() -> None:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import OperationalError
 
-    from gateway.config import sync_url
+    from gateway.config import redacted_url, sync_url
+    from gateway.store.faults import database_where, storage_faults
     from gateway.store.schema import current_revision, head_revision
 
     config = load()

@@ -5,17 +5,17 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from gateway.cli.common import JsonFlag, console, execute, load, refuse, show, sub_app
-from gateway.config import Config
-from gateway.jobs.maintenance import maintenance_schedule
-from gateway.jobs.scheduler import JobInfo, Scheduler, open_job_store
-from gateway.store.faults import database_where, storage_faults
+
+if TYPE_CHECKING:  # the scheduler and its job store: imported by the commands that open them
+    from gateway.config import Config
+    from gateway.jobs.scheduler import JobInfo, Scheduler
 
 app = sub_app("Scheduled jobs: reminders, cron tasks and maintenance.")
 
@@ -24,6 +24,9 @@ app = sub_app("Scheduled jobs: reminders, cron tasks and maintenance.")
 async def _job_store(config: Config) -> AsyncIterator[Scheduler]:
     """The stored jobs; APScheduler's job store has its own engine on the database, so its
     faults are named here."""
+    from gateway.jobs.scheduler import open_job_store
+    from gateway.store.faults import database_where, storage_faults
+
     with storage_faults(database_where(config.database_url)):
         async with open_job_store(config) as scheduler:
             yield scheduler
@@ -31,6 +34,9 @@ async def _job_store(config: Config) -> AsyncIterator[Scheduler]:
 
 async def _list_jobs(config: Config) -> list[JobInfo]:
     """The stored jobs, soonest first, then the maintenance jobs (when the scheduler is on)."""
+    from gateway.jobs.maintenance import maintenance_schedule
+    from gateway.jobs.scheduler import JobInfo
+
     async with _job_store(config) as scheduler:
         jobs = await scheduler.jobs()
     now = datetime.now(UTC)
@@ -75,6 +81,8 @@ def _print_jobs(jobs: list[JobInfo]) -> None:
 @app.command("cancel")
 def jobs_cancel(job_id: Annotated[str, typer.Argument(help="The job id (see `jobs list`)")]) -> None:
     """Cancel a reminder or cron task (works whether or not the gateway runs)."""
+    from gateway.jobs.maintenance import maintenance_schedule
+
     config = load()
     if job_id in {j.id for j in maintenance_schedule(config)}:
         refuse(escape(f"{job_id} is a maintenance job: turn it off in [scheduler] of the config"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 from rich.markup import escape
@@ -21,19 +21,12 @@ from gateway.cli.common import (
     progress,
     sub_app,
 )
-from gateway.config import Config
-from gateway.operations.memory import (
-    EmbeddingsUnavailable,
-    MemoryStats,
-    Reembedding,
-    embedding_model,
-    memory_stats,
-    reembed,
-)
-from gateway.store.faults import StorageError, storage_faults
-from memory.embeddings import Encoder
-from memory.index import Corpus, Hit, MemoryIndex, SearchMode
-from memory.workspace import ensure_workspace
+
+if TYPE_CHECKING:  # the index (numpy) and the model: imported by the commands that open them
+    from gateway.config import Config
+    from gateway.operations.memory import MemoryStats, Reembedding
+    from memory.embeddings import Encoder
+    from memory.index import Corpus, Hit, MemoryIndex, SearchMode
 
 app = sub_app("Inspect the workspace memory (memory/ notes, MEMORY.md).")
 
@@ -43,6 +36,10 @@ def _index_path(config: Config) -> Path:
 
 
 def _open_index(config: Config, encoder: Encoder | None = None) -> MemoryIndex:
+    from gateway.store.faults import storage_faults
+    from memory.index import MemoryIndex
+    from memory.workspace import ensure_workspace
+
     ensure_workspace(config.workspace)
     config.data_dir.mkdir(parents=True, exist_ok=True)
     with storage_faults(_index_path(config)):
@@ -83,7 +80,7 @@ def _number(value: float | int | None, spec: str) -> str:
 @app.command("ls")
 def memory_ls(as_json: JsonFlag = False) -> None:
     """List the workspace's memory files."""
-    from memory.workspace import list_workspace_files
+    from memory.workspace import ensure_workspace, list_workspace_files
 
     config = load()
     ensure_workspace(config.workspace)
@@ -134,17 +131,19 @@ def memory_search(
 ) -> None:
     """Search the memory files by words (FTS5, BM25, trigram), meaning (embeddings) or both,
     showing why each hit ranks where it does."""
+    from gateway.store.faults import storage_faults
+
     config = load()
     chosen = mode or config.memory.search_mode
     if chosen not in ("bm25", "vector", "hybrid"):
         fail("bad option", f"--mode must be bm25, vector or hybrid, not {chosen!r}")
-    search_mode = cast(SearchMode, chosen)
+    search_mode = cast("SearchMode", chosen)
     index = _open_index(config, _encoder_for(config, search_mode))
     try:
         with storage_faults(_index_path(config)):
             index.refresh()  # with an encoder, also embeds what lacks a vector
             # The index checks the name (a wrong one is its ValueError).
-            hits = index.search(query, limit=limit, corpus=cast(Corpus, corpus), mode=search_mode)
+            hits = index.search(query, limit=limit, corpus=cast("Corpus", corpus), mode=search_mode)
     finally:
         index.close()
     if as_json:
@@ -171,6 +170,8 @@ def memory_search(
 @app.command("reindex")
 def memory_reindex(as_json: JsonFlag = False) -> None:
     """Rebuild the memory search index from the files."""
+    from gateway.store.faults import storage_faults
+
     config = load()
     index = _open_index(config)
     try:
@@ -248,6 +249,8 @@ def memory_stats_command(as_json: JsonFlag = False) -> None:
 
     Read-only: no refresh, and the index is read through a read-only connection. The model
     is constructed (import and checksums, about 0.2 s) but its weights are not loaded."""
+    from gateway.operations.memory import memory_stats
+
     config = load()
     stats = memory_stats(config)
     if as_json:
@@ -265,6 +268,9 @@ def memory_reembed(
 ) -> None:
     """Embed the rows that lack a vector from the configured model (new, edited, or from
     another model), after refreshing the index from the files."""
+    from gateway.operations.memory import EmbeddingsUnavailable, embedding_model, reembed
+    from gateway.store.faults import StorageError
+
     config = load()
     try:
         with err_console.status("loading the embedding model…"):

@@ -19,7 +19,6 @@ from gateway.cli.common import (
     show,
     sub_app,
 )
-from gateway.turn.outbox import logged_sent
 
 app = sub_app("Replies stored but not yet delivered to their platform.")
 
@@ -29,6 +28,8 @@ NOT_IN_OUTBOX = "some ids are not in the outbox (see `gatehouse outbox list`)"
 @app.command("list")
 def outbox_list(as_json: JsonFlag = False) -> None:
     """Replies waiting to be sent (or given up after `[gateway] delivery_attempts` tries)."""
+    from gateway.turn.outbox import logged_sent
+
     config = load()
     rows = execute(on_store(lambda store: store.outbox()), config=config)
     # A running gateway on SQLite logs sent replies first and deletes their rows in batches.

@@ -12,17 +12,12 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Column, Table
 
-from channels.console import ConsoleChannel
-from channels.webchat import WebchatChannel
-from gateway.adapters import add_channel_routes, platform_channels
-from gateway.app import Gateway
-from gateway.cli.chat_prompt import ChatPrompt
 from gateway.cli.common import (
     Commands,
     ConfigOption,
@@ -38,13 +33,13 @@ from gateway.cli.common import (
     state,
     with_bundled_model,
 )
-from gateway.cli.pidfiles import AlreadyRunning, pid_file, pids_dir, run_lock, running_gateways
-from gateway.config import DEFAULT_CONFIG_NAME, Config, ConfigError, load_config, redacted_url
-from gateway.logging_setup import SECRETS, config_secrets, setup_logging
-from gateway.model.llm import NOT_CONFIGURED
-from gateway.store.faults import storage_error
-from gateway.web.server import WebServer, build_app
-from memory.workspace import ensure_workspace
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+    from gateway.config import Config
+
+# The gateway, its channels and its web server are imported by the commands that start them
+# (`run`, `chat`): `gatehouse --help` and the store-only commands never load the SDKs.
 
 log = logging.getLogger("gatehouse")
 
@@ -71,6 +66,9 @@ def init(
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing gatehouse.toml")] = False,
 ) -> None:
     """Write a commented gatehouse.toml and create the workspace (AGENTS.md, memory/)."""
+    from gateway.config import DEFAULT_CONFIG_NAME, ConfigError, load_config
+    from memory.workspace import ensure_workspace
+
     target = directory / DEFAULT_CONFIG_NAME
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -92,6 +90,14 @@ def init(
 
 
 async def _serve(config: Config) -> None:
+    from channels.webchat import WebchatChannel
+    from gateway.adapters import add_channel_routes, platform_channels
+    from gateway.app import Gateway
+    from gateway.cli.pidfiles import pid_file
+    from gateway.config import redacted_url
+    from gateway.model.llm import NOT_CONFIGURED
+    from gateway.web.server import WebServer, build_app
+
     started_from = await _as_read(config)
     gateway = Gateway(config)
     webchat = WebchatChannel()
@@ -141,6 +147,8 @@ async def _serve(config: Config) -> None:
 async def _as_read(config: Config) -> Config:
     """The config file as read, before the gateway adjusted anything in it (the bundled
     model's settings): what a reload compares the file with to name keys that need a restart."""
+    from gateway.config import ConfigError, load_config
+
     if config.source is None:
         return config
     try:
@@ -166,6 +174,9 @@ class _Reloads:
         task.add_done_callback(self._tasks.discard)
 
     async def reload(self) -> None:
+        from gateway.config import ConfigError, load_config
+        from gateway.logging_setup import SECRETS, config_secrets
+
         path = self.gateway.config.source
         async with self._lock:
             if path is None:
@@ -195,6 +206,9 @@ def run() -> None:
 
     SIGINT/SIGTERM stop it cleanly (turns in flight finish); SIGHUP (`gatehouse reload`)
     reloads history limits and access lists."""
+    from gateway.logging_setup import setup_logging
+    from gateway.store.faults import storage_error
+
     setup_logging(state.log_level)
     config = load()
     try:
@@ -210,6 +224,8 @@ def run() -> None:
 def _alone(config: Config, command: str) -> Iterator[None]:
     """The SQLite run lock for a command that answers messages (`run`, `chat`): a second one
     on the same data directory is refused with one line naming the first's pid."""
+    from gateway.cli.pidfiles import AlreadyRunning, run_lock
+
     with contextlib.ExitStack() as stack:
         try:
             stack.enter_context(run_lock(config, command))
@@ -227,6 +243,8 @@ def reload() -> None:
     access lists (dm_policy, allow_from, group_allowlist, require_mention), and logs what
     changed and which other changes need a restart. An invalid config is refused here, and
     nothing is signalled; a gateway that reads an invalid one keeps its config."""
+    from gateway.cli.pidfiles import pids_dir, running_gateways
+
     config = load()
     pids = running_gateways(config.data_dir)
     if not pids:
@@ -242,6 +260,11 @@ def reload() -> None:
 
 
 async def _chat(config: Config, user: str | None, message: str | None) -> int:
+    from channels.console import ConsoleChannel
+    from gateway.app import Gateway
+    from gateway.cli.chat_prompt import ChatPrompt
+    from gateway.model.llm import NOT_CONFIGURED
+
     config.web.enabled = False
     gateway = Gateway(config)
     gateway.scheduler.fires_jobs = False  # jobs are stored here and fire in `gatehouse run`
@@ -319,6 +342,8 @@ def doctor(as_json: JsonFlag = False) -> None:
 @app.command("config-check")
 def config_check() -> None:
     """Validate the configuration and print the resolved values."""
+    from gateway.config import redacted_url
+
     quiet_logging("WARNING")  # a feature turned off for an unset ${VAR} is a warning line
     config = load()
     console.print(f"[green]ok[/green] {config.source or '(defaults: no config file found)'}")

@@ -6,7 +6,7 @@ import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -26,24 +26,11 @@ from gateway.cli.common import (
     show,
     sub_app,
 )
-from gateway.config import Config
-from gateway.operations import (
-    ImportReport,
-    SessionCompaction,
-    SessionDetail,
-    SessionOverview,
-    TranscriptError,
-    compact_all,
-    compact_session,
-    export_session,
-    import_session,
-    list_sessions,
-    search_session_history,
-    show_session,
-    uncompact_session,
-)
-from gateway.tools.history import when
-from memory.index import HistoryHit
+
+if TYPE_CHECKING:  # each command imports the operations it runs: `--help` loads none of them
+    from gateway.config import Config
+    from gateway.operations import ImportReport, SessionCompaction, SessionDetail, SessionOverview
+    from memory.index import HistoryHit
 
 app = sub_app("Inspect sessions.")
 
@@ -51,6 +38,8 @@ app = sub_app("Inspect sessions.")
 @app.command("list")
 def sessions_list(as_json: JsonFlag = False) -> None:
     """List sessions, most recent first, with their token pressure and next trigger."""
+    from gateway.operations import list_sessions
+
     rows = execute(list_sessions, quiet="ERROR")
     show(rows, as_json, _print_list, lambda rows: [r.to_json() for r in rows])
 
@@ -87,6 +76,8 @@ def sessions_show(
     as_json: JsonFlag = False,
 ) -> None:
     """Show a session: its latest summary and the messages after it (or everything, --all)."""
+    from gateway.operations import SessionDetail, show_session
+
     data = found(execute(lambda c: show_session(c, key, show_all), quiet="ERROR"), key)
     show(data, as_json, _print_session, SessionDetail.to_json)
 
@@ -142,6 +133,8 @@ def sessions_compact(
     as_json: JsonFlag = False,
 ) -> None:
     """Compact a session now (the same pipeline as automatic compaction), or every one (--all)."""
+    from gateway.operations import SessionCompaction, compact_all, compact_session
+
     quiet_logging("WARNING")
     if every == (key is not None):
         refuse("give one session KEY or --all", 2)
@@ -190,6 +183,8 @@ def sessions_export(
 ) -> None:
     """Export a session as OpenAI-format JSONL, one message a line (compacted ones included);
     `sessions import` and `context compact` read it back."""
+    from gateway.operations import export_session
+
     stored = execute(lambda c: export_session(c, key), quiet="ERROR", session=key)
     messages = [m.to_openai() for m in stored]
     if as_json:
@@ -221,6 +216,7 @@ def sessions_import(
     as_json: JsonFlag = False,
 ) -> None:
     """Import a transcript as a new session (the whole file is checked before anything is stored)."""
+    from gateway.operations import ImportReport, TranscriptError, import_session
 
     async def store_it(config: Config) -> ImportReport:
         with progress() as bar:
@@ -249,6 +245,8 @@ def _print_import(report: ImportReport) -> None:
 @app.command("uncompact")
 def sessions_uncompact(key: Annotated[str, typer.Argument(help="Session key")]) -> None:
     """Restore the state before the last compaction (the summary is kept, marked undone)."""
+    from gateway.operations import uncompact_session
+
     outcome = execute(lambda c: uncompact_session(c, key), quiet="WARNING", session=key)
     console.print(escape(outcome.message))
 
@@ -261,6 +259,9 @@ def sessions_search(
     as_json: JsonFlag = False,
 ) -> None:
     """Search a session's compacted messages as its agent's history_search does."""
+    from gateway.operations import search_session_history
+    from gateway.tools.history import when
+
     quiet_logging("ERROR")
     config = load()
     hits = found(

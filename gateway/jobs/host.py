@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from channels.base import OutboundMessage
-from context.compaction import CompactionResult
-from context.types import Message
-from gateway.config import Config
-from gateway.store import CompactionRow, SessionRow, Store
-from memory.index import RefreshStats
+if TYPE_CHECKING:  # a protocol: its types only (`jobs list` loads the scheduler, not these)
+    from channels.base import OutboundMessage
+    from context.compaction import CompactionResult
+    from context.types import Message
+    from gateway.config import Config
+    from gateway.store import CompactionRow, SessionRow, Store
+    from memory.index import RefreshStats
 
 
 @dataclass(frozen=True, slots=True)

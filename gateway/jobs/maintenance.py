@@ -19,17 +19,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from gateway.config import Config
-from gateway.inbound.attachments import prune_inbox
-from gateway.jobs.host import MaintenanceHost
 from gateway.jobs.scheduler import CRON_SESSION_PREFIX, MaintenanceJob
-from gateway.store import PairingRow, SessionRow
-from gateway.store.models import utcnow
-from memory.index import RefreshStats
+
+if TYPE_CHECKING:  # `jobs list` needs the schedule alone, not what the sweeps work on
+    from gateway.config import Config
+    from gateway.jobs.host import MaintenanceHost
+    from gateway.store import PairingRow, SessionRow
+    from memory.index import RefreshStats
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ class Maintenance:
         """Compact the idle sessions worth it; return their keys."""
         h = self.host
         settings = h.config.scheduler
-        cutoff = utcnow() - timedelta(minutes=settings.idle_compaction_minutes)
+        cutoff = datetime.now(UTC) - timedelta(minutes=settings.idle_compaction_minutes)
         compacted: list[str] = []
         for session in await h.store.sessions_idle_since(cutoff):
             assert session.id is not None
@@ -174,6 +175,8 @@ class Maintenance:
         """Delete inbox files past `[attachments] retention_days`: (files, bytes)."""
         config = self.host.config
         cutoff = datetime.now(UTC) - timedelta(days=config.attachments.retention_days)
+        from gateway.inbound.attachments import prune_inbox
+
         files, freed = await asyncio.to_thread(prune_inbox, config.workspace, cutoff)
         if files:
             log.info("inbox retention: %d files (%d bytes) older than %d days deleted",

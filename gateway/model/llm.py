@@ -15,16 +15,17 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
-
-import openai
-from openai import AsyncStream
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from typing import TYPE_CHECKING, Any
 
 from channels.base import storable
 from context.types import Message, ToolCall
 from gateway.config import LLMSection
 from gateway.model.images import WorkspaceImages, names_workspace_images
+
+if TYPE_CHECKING:
+    # The SDK is imported when the first call needs its client: the CLI's store-only commands
+    # build a provider (for the model's name and window) and never load it.
+    import openai
 
 log = logging.getLogger(__name__)
 
@@ -98,9 +99,19 @@ class LLMProvider:
         self.sends_cache_key = settings.prompt_cache_key
         """Whether `complete` sends a `prompt_cache_key` given one: off by `[llm]
         prompt_cache_key = false`, or once the endpoint rejected the parameter."""
-        if settings.configured:
+
+    @property
+    def configured(self) -> bool:
+        return self.settings.configured
+
+    def _sdk(self) -> openai.AsyncOpenAI:
+        """The SDK's client, made on first use (an unconfigured provider never makes one)."""
+        if self._client is None:
+            import openai
+
             # The SDK's aiohttp transport (openai[aiohttp]): same API, about a quarter less CPU
             # per call than its default transport, and aiohttp is already in the process.
+            settings = self.settings
             self._client = openai.AsyncOpenAI(
                 base_url=settings.base_url,
                 api_key=settings.api_key or "not-needed",
@@ -108,10 +119,7 @@ class LLMProvider:
                 max_retries=settings.max_retries,
                 http_client=openai.DefaultAioHttpClient(timeout=settings.timeout),
             )
-
-    @property
-    def configured(self) -> bool:
-        return self._client is not None
+        return self._client
 
     def show_workspace_images(self, workspace: Path) -> None:
         """Send the workspace images stored messages name (photos people sent) to the model
@@ -120,10 +128,12 @@ class LLMProvider:
 
     async def reported_window(self, wait: float = 5.0) -> tuple[int, str] | None:
         """The context length the server reports for our model (vLLM `max_model_len`, ...)."""
-        if self._client is None:
+        if not self.configured:
             return None
+        import openai
+
         try:
-            page = await self._client.with_options(timeout=wait, max_retries=0).models.list()
+            page = await self._sdk().with_options(timeout=wait, max_retries=0).models.list()
         except (openai.OpenAIError, ValueError) as exc:
             log.info("model metadata unavailable from %s: %s", self.settings.base_url, exc)
             return None
@@ -156,8 +166,10 @@ class LLMProvider:
         a preview is what asked for it. It must not block: it runs between two chunks.
         ``cache_key`` (`prompt_cache_key`) is sent as the request's ``prompt_cache_key`` unless
         that is turned off or the endpoint refused it (then the call is made again without it)."""
-        if self._client is None:
+        if not self.configured:
             raise LLMError(NOT_CONFIGURED, kind="not_configured")
+        import openai
+
         stream = self.settings.stream if stream is None else stream
         stream = stream or on_text is not None
         kwargs: dict[str, Any] = {"model": model or self.model}
@@ -216,10 +228,9 @@ class LLMProvider:
         raise AssertionError("unreachable")
 
     async def _plain(self, body: bytes) -> Completion:
-        assert self._client is not None
         # The response as JSON (cast_to=object): building the SDK's typed ChatCompletion cost
         # about a third of each call, and we read five fields of it.
-        response = await self._client.post(
+        response = await self._sdk().post(
             "/chat/completions", content=body, cast_to=object, options=_AUTH
         )
         return _completion(response)
@@ -227,14 +238,16 @@ class LLMProvider:
     async def _stream(
         self, body: bytes, on_text: Callable[[str], None] | None = None
     ) -> Completion:
-        assert self._client is not None
-        stream = await self._client.post(
+        import openai
+        from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+        stream = await self._sdk().post(
             "/chat/completions",
             content=body,
             cast_to=ChatCompletion,
             options=_AUTH,
             stream=True,
-            stream_cls=AsyncStream[ChatCompletionChunk],
+            stream_cls=openai.AsyncStream[ChatCompletionChunk],
         )
         text: list[str] = []
         so_far = ""
@@ -293,36 +306,41 @@ class LLMProvider:
         )
 
 
-#: What a person reads for each refusal the SDK names by its own type; any other status is a
-#: server failure.
-_REFUSALS: tuple[tuple[type[openai.APIStatusError], str, str], ...] = (
-    (
-        openai.BadRequestError,
-        "bad_request",
-        "The model endpoint rejected the request (400). The details are in the gateway log.",
-    ),
-    (
-        openai.RateLimitError,
-        "rate_limited",
-        "The model is rate-limited right now. Please try again in a minute.",
-    ),
-    (
-        openai.AuthenticationError,
-        "auth",
-        "The model endpoint refused the API key. Check [llm] api_key.",
-    ),
-)
+def _refusals() -> tuple[tuple[type[openai.APIStatusError], str, str], ...]:
+    """What a person reads for each refusal the SDK names by its own type; any other status
+    is a server failure."""
+    import openai
+
+    return (
+        (
+            openai.BadRequestError,
+            "bad_request",
+            "The model endpoint rejected the request (400). The details are in the gateway log.",
+        ),
+        (
+            openai.RateLimitError,
+            "rate_limited",
+            "The model is rate-limited right now. Please try again in a minute.",
+        ),
+        (
+            openai.AuthenticationError,
+            "auth",
+            "The model endpoint refused the API key. Check [llm] api_key.",
+        ),
+    )
 
 
 def _refusal(exc: openai.APIStatusError) -> LLMError:
     """The user-facing error for an HTTP status the endpoint answered with."""
+    import openai
+
     if isinstance(exc, openai.BadRequestError) and _is_context_overflow(exc):
         return ContextOverflowError(
             "The conversation is larger than the model's context window.",
             kind="context_overflow",
             detail=str(exc),
         )
-    for kind_of, kind, text in _REFUSALS:
+    for kind_of, kind, text in _refusals():
         if isinstance(exc, kind_of):
             return LLMError(text, kind=kind, detail=str(exc))
     return LLMError(

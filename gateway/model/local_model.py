@@ -23,8 +23,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 
-import aiohttp
-
 from gateway.config import Config, ModelSection
 from gateway.model.local_share import (
     STATE_NAME,
@@ -315,6 +313,8 @@ class LocalModelServer:
             log.info("local model server restarted on port %s", self.port)
 
     async def _wait_ready(self) -> None:
+        import aiohttp  # here: every CLI command loads this module
+
         assert self.process is not None
         deadline = time.monotonic() + self.ready_timeout
         url = f"{self.base_url}/models"

@@ -27,8 +27,6 @@ from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import aiohttp
-
 STATE_NAME = "local-model.json"
 LOCK_NAME = "local-model.lock"
 
@@ -150,6 +148,8 @@ async def end_orphan(record: ServerRecord, server_module: str, grace: float = 5.
 
 async def serves_model(port: int, alias: str, within: float = 2.0) -> bool:
     """The server on `port` answers `/v1/models` with `alias` among its models."""
+    import aiohttp  # here: every CLI command loads this module
+
     url = f"http://127.0.0.1:{port}/v1/models"
     try:
         async with (

@@ -1,5 +1,5 @@
 """What the chat commands `/status` and `/context` answer, from the facts `gatehouse context
-explain` prints (`explain`) and the trigger `gatehouse sessions list` shows (`next_trigger`):
+explain` prints (`session_explanation`) and the trigger `gatehouse sessions list` shows (`next_trigger`):
 a person in the chat and the operator at the terminal read the same numbers.
 
 The Gateway hands `describe` to the runner (`TurnHooks.describe`); the commands themselves are
@@ -13,7 +13,7 @@ from typing import Any
 
 from context.plan import PlanFacts
 from gateway.app import Gateway
-from gateway.operations.explain import Explanation, LastCompaction, explain
+from gateway.operations.explain import Explanation, LastCompaction, session_explanation
 from gateway.operations.sessions import next_trigger
 from gateway.tools.memory import MemoryFlush
 from gateway.turn.history import RESET_REASON
@@ -32,7 +32,7 @@ def meter(used: int, of: int) -> str:
 
 async def describe(gateway: Gateway, session_key: str, name: str) -> str:
     """The answer to `/status` or `/context` in the session `session_key`."""
-    facts = await explain(gateway, session_key, fetch_metadata=False)
+    facts = await session_explanation(gateway, session_key, fetch_metadata=False)
     if facts is None:
         return "No conversation here yet."
     if name == "context":

@@ -140,13 +140,13 @@ async def explain_session(
     """`explain`, or the `preview` for a key with no session yet (`SessionKeyError` for a
     string that is no session key)."""
     async with opened(config) as gateway:
-        found = await explain(gateway, session_key, fetch_metadata=fetch_metadata)
+        found = await session_explanation(gateway, session_key, fetch_metadata=fetch_metadata)
         if found is None:
             return await preview(gateway, session_key, fetch_metadata=fetch_metadata)
         return found
 
 
-async def explain(
+async def session_explanation(
     gateway: Gateway, session_key: str, *, fetch_metadata: bool = True
 ) -> Explanation | None:
     """The facts `gatehouse context explain` prints: the same resolution and engine as a turn

@@ -6,18 +6,18 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from context.budget import make_budget
 from context.types import Message
-from gateway.app import Gateway
-from gateway.config import Config
 from gateway.model.sizing import Conversation
-from gateway.operations.common import opened
-from gateway.store import CompactionRow, SessionRow, TurnRecordRow
-from gateway.tools.memory import MemoryFlush
-from gateway.turn.compaction import automatic_compaction_state
-from memory.index import HistoryHit
+from gateway.operations.common import StoreView, opened, opened_store
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+    from gateway.config import Config
+    from gateway.store import CompactionRow, SessionRow, TurnRecordRow
+    from memory.index import HistoryHit
 
 # -- the sessions list: token pressure at a glance ------------------------------------------
 
@@ -137,11 +137,11 @@ class SessionOverview:
 
 
 async def list_sessions(config: Config) -> list[SessionOverview]:
-    async with opened(config) as gateway:
-        return await session_overview(gateway)
+    async with opened_store(config) as view:
+        return await session_overview(view)
 
 
-async def session_overview(gateway: Gateway) -> list[SessionOverview]:
+async def session_overview(gateway: Gateway | StoreView) -> list[SessionOverview]:
     """Every session, most recent first, with its token pressure against the window, the next
     trigger and where its history limit comes from (for a DM, the peer's own limit)."""
     store, resolver = gateway.store, gateway.resolver
@@ -170,7 +170,7 @@ async def session_overview(gateway: Gateway) -> list[SessionOverview]:
             flush_at=budget.flush_at,
             compact_at=budget.compact_at,
             next_trigger=next_trigger(
-                tokens, budget.flush_at, budget.compact_at, MemoryFlush.due(row)
+                tokens, budget.flush_at, budget.compact_at, row.flush_due()
             ),
             history_limit=limit.limit,
             history_limit_source=limit.source,
@@ -291,14 +291,16 @@ class SessionDetail:
 
 
 async def show_session(config: Config, key: str, show_all: bool = False) -> SessionDetail | None:
-    async with opened(config) as gateway:
-        return await session_detail(gateway, key, show_all)
+    async with opened_store(config) as view:
+        return await session_detail(view, key, show_all)
 
 
 async def session_detail(
-    gateway: Gateway, key: str, show_all: bool = False
+    gateway: Gateway | StoreView, key: str, show_all: bool = False
 ) -> SessionDetail | None:
     """The prompt view (latest summary + later messages) or, with `show_all`, every original."""
+    from gateway.turn.compaction import automatic_compaction_state
+
     config = gateway.config
     store = gateway.store
     row = await store.get_session(key)

@@ -144,14 +144,14 @@ class Database:
         self.integrity_errors: tuple[type[BaseException], ...] = (
             IntegrityError,
             self.engine.dialect.loaded_dbapi.IntegrityError,
-            *_asyncpg_errors("IntegrityConstraintViolationError"),
+            *self._asyncpg_errors("IntegrityConstraintViolationError"),
         )
         """What a unique-constraint violation raises, through the ORM or on a driver cursor."""
         self._database_errors: tuple[type[BaseException], ...] = (
             DBAPIError,
             self.engine.dialect.loaded_dbapi.Error,
             StorageError,
-            *_asyncpg_errors("PostgresError", "InterfaceError"),
+            *self._asyncpg_errors("PostgresError", "InterfaceError"),
             ConnectionError,  # asyncpg: the server went away, or refused the connection
         )
         self.where: Path | str = self.path or redacted_url(url)
@@ -271,6 +271,11 @@ class Database:
             if what is not None:
                 self._lost(what)
         return self._gone
+
+    def _asyncpg_errors(self, *names: str) -> tuple[type[BaseException], ...]:
+        """asyncpg's exception classes of these names on PostgreSQL; none on SQLite (asyncpg
+        is not loaded for a database it never talks to)."""
+        return () if self.is_sqlite else _asyncpg_errors(*names)
 
     def _writable(self) -> None:
         """Before a write: refuse it when the file was deleted or replaced (`check_file`)."""

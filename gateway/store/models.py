@@ -48,6 +48,11 @@ class SessionRow(SQLModel, table=True):
     compaction_cooldown_until: datetime | None = None
     last_error: str | None = Field(default=None, sa_column=Column(Text))
 
+    def flush_due(self) -> bool:
+        """The memory flush has not run in this compaction cycle (it runs once a cycle;
+        `flushed_cycle` None, never flushed, is not flushed)."""
+        return self.flushed_cycle is None or self.flushed_cycle < self.compaction_cycle
+
 
 class MessageRow(SQLModel, table=True):
     __tablename__ = "messages"

@@ -285,8 +285,8 @@ class MemoryFlush:
 
     @staticmethod
     def due(session: SessionRow) -> bool:
-        """Not yet flushed in this compaction cycle (None — never flushed — is not flushed)."""
-        return session.flushed_cycle is None or session.flushed_cycle < session.compaction_cycle
+        """Not yet flushed in this compaction cycle (`SessionRow.flush_due`)."""
+        return session.flush_due()
 
     async def run(self, session: SessionRow, prompt: Sequence[Message]) -> bool:
         """Run the flush; True when it completed (and the cycle is marked flushed)."""

@@ -630,7 +630,7 @@ class AdminUI:
         if detail is None:
             return self.render("missing.html", request, status=404, key=key)
         history = await operations.token_history(self.gateway, key)
-        facts = await operations.explain(self.gateway, key, fetch_metadata=False)
+        facts = await operations.session_explanation(self.gateway, key, fetch_metadata=False)
         assert history is not None and facts is not None
         # The transcript and the facts in their JSON form, as `sessions show --json` and
         # `context explain --json` give them.

@@ -135,7 +135,7 @@ async def test_own_dm_default_and_system_limits_agree_everywhere(
             }
             overview = {row.key: row for row in await operations.session_overview(gw)}
             explained = {
-                key: await operations.explain(gw, key, fetch_metadata=False) for key in overview
+                key: await operations.session_explanation(gw, key, fetch_metadata=False) for key in overview
             }
     assert len(overview) == 3, list(overview)
     section = f"[channels.{platform}"

@@ -14,11 +14,11 @@ from gateway.operations import (
     SessionCompaction,
     TranscriptCompaction,
     compact,
-    explain,
     export_messages,
     import_messages,
     next_trigger,
     session_detail,
+    session_explanation,
     session_overview,
 )
 from tests.conftest import RunningGateway
@@ -100,7 +100,7 @@ async def test_a_session_read_through_the_operations(
     assert first["content"] == "hello ORD-7" and first["compacted"] is False
     assert await session_detail(gateway, "agent:main:nope") is None
 
-    facts = await explain(gateway, KEY, fetch_metadata=False)
+    facts = await session_explanation(gateway, KEY, fetch_metadata=False)
     assert facts is not None and facts.plan is not None
     out = facts.to_json()
     assert list(out)[: len(facts.plan.to_dict())] == list(facts.plan.to_dict())

@@ -32,6 +32,7 @@ RANKS: dict[str, int] = {
     "gateway.config": 0,
     "gateway.reload": 1,
     "gateway.logging_setup": 6,
+    "gateway.lazy": -1,  # PEP 562 exports; imports nothing of the gateway, any wing may use it
     # The pure packages sit under every wing: they import nothing from gateway/.
     "context": -1,
     "memory": -1,

@@ -13,7 +13,7 @@ from sqlmodel import SQLModel
 
 from gateway.config import sync_url
 from gateway.store import SessionInfo, Store
-from gateway.store.schema import FIRST_REVISION, create_table_once, head_revision
+from gateway.store.schema import FIRST_REVISION, HEAD_REVISION, create_table_once, head_revision
 from tests.postgres import ThrowawayPostgres
 
 FIRST_RELEASE_TABLES = ("sessions", "messages", "compactions", "pairings")
@@ -25,6 +25,12 @@ def _differences(url: str) -> list[object]:
         diffs = compare_metadata(MigrationContext.configure(conn), SQLModel.metadata)
     engine.dispose()
     return list(diffs)
+
+
+def test_the_head_written_down_is_the_newest_migration() -> None:
+    """A database at `HEAD_REVISION` opens without Alembic: the constant must name the newest
+    script (bump it with each migration)."""
+    assert head_revision() == HEAD_REVISION
 
 
 async def test_new_database_is_created_at_head(database_url: str) -> None:

@@ -12,7 +12,7 @@ import pytest
 from channels.base import InboundMessage
 from channels.commands import CHAT_COMMANDS, parse_command
 from gateway.app import Gateway
-from gateway.operations import explain, show_session, uncompact_session
+from gateway.operations import session_explanation, show_session, uncompact_session
 from gateway.operations.chat import meter
 from gateway.turn.history import COMMAND_STATUS
 from tests.conftest import MakeConfig, RunningGateway
@@ -90,7 +90,7 @@ async def test_status_reads_the_numbers_context_explain_prints(make_config: Make
             for i in range(3):
                 await rg.ask(f"note {i}: ORD-{100 + i} " + FILLER)
             [status] = await rg.ask("/status")
-            facts = await explain(rg.gateway, KEY, fetch_metadata=False)
+            facts = await session_explanation(rg.gateway, KEY, fetch_metadata=False)
             assert facts is not None and facts.plan is not None
             plan = facts.plan
             assert f"Model: `{plan.model}`, window {plan.window:,} tokens" in status
@@ -112,7 +112,7 @@ async def test_status_reads_the_numbers_context_explain_prints(make_config: Make
             [compacted] = await rg.ask("/compact")
             assert compacted.startswith("Compacted the conversation")
             [status] = await rg.ask("/status")
-            facts = await explain(rg.gateway, KEY, fetch_metadata=False)
+            facts = await session_explanation(rg.gateway, KEY, fetch_metadata=False)
             assert facts is not None and facts.last_compaction is not None
             last = facts.last_compaction
             assert (
@@ -131,11 +131,11 @@ async def test_context_shows_each_part_against_its_share(make_config: MakeConfig
             await rg.ask("hello " + FILLER)
             _key, [answer] = await rg.console.ask("/context")
             console_key = "agent:main:console:direct:tester"
-            facts = await explain(rg.gateway, console_key, fetch_metadata=False)
+            facts = await session_explanation(rg.gateway, console_key, fetch_metadata=False)
             assert facts is not None and facts.plan is not None
             assert "nothing" not in answer
             [answer] = await rg.ask("/context")
-            facts = await explain(rg.gateway, KEY, fetch_metadata=False)
+            facts = await session_explanation(rg.gateway, KEY, fetch_metadata=False)
             assert facts is not None and facts.plan is not None
             t, caps = facts.plan.tokens, {b.name: b.tokens for b in facts.plan.budget}
             assert number(answer, r"Next prompt: ([\d,]+) tokens") == t.prompt

@@ -258,7 +258,7 @@ async def test_cached_tokens_are_stored_per_turn_and_per_session_and_shown(
             assert [(r.prompt_tokens, r.cached_tokens) for r in records] == [(100, 80)] * 2
             metrics = gateway.metrics.render().decode()
             assert "gatehouse_llm_cached_prompt_tokens_total 160.0" in metrics
-            facts = await operations.explain(gateway, KEY, fetch_metadata=False)
+            facts = await operations.session_explanation(gateway, KEY, fetch_metadata=False)
             assert facts is not None and facts.prompt_cache is not None
             assert facts.prompt_cache.share == 0.8
             assert facts.to_json()["prompt_cache"] == {
